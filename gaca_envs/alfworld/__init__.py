@@ -1,0 +1,1 @@
+"""ALFWorld and generic TextWorld games on their real engines."""

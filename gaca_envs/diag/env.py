@@ -1,0 +1,130 @@
+"""``gaca/Diag-*-v0``: small text MDPs whose true advantages are known exactly."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from gaca_envs.core import Anchor, SimStep, TextEnv, stable_hash
+from gaca_envs.diag.mdp import TabularMDP, optimal_policy
+from gaca_envs.diag.worlds import WORLDS
+
+DiagSplit = Literal["train", "test", "all"]
+TRAIN_TASKS, TEST_TASKS = 48, 16
+
+
+@lru_cache(maxsize=512)
+def build_world(world: str, index: int) -> TabularMDP:
+    """The MDP of global task ``index`` of ``world`` (deterministic, cached)."""
+    if world not in WORLDS:
+        raise ValueError(f"unknown diagnostic world {world!r}; valid: {sorted(WORLDS)}")
+    return WORLDS[world](index)
+
+
+@lru_cache(maxsize=512)
+def _optimal(world: str, index: int):
+    return optimal_policy(build_world(world, index))
+
+
+class DiagEnv(TextEnv):
+    """A diagnostic text MDP (one per task) with exact values.
+
+    ## Description
+    ``world="corridor"`` (``gaca/Diag-Corridor-v0``): a 12-segment corridor whose routine
+    segments offer ``walk forward`` / ``rest`` and whose three pivotal junctions offer two
+    coloured doors; only the task's colour leads on. ``world="slippery"``
+    (``gaca/Diag-Slippery-v0``): a river crossing by a short bridge that can be slipped off
+    (stochastic) or a long safe path. See ``gaca_envs.diag.worlds`` for the exact rules.
+
+    ## Action Space
+    ``Text``; the admissible actions are the current state's (``info``). Others are no-ops.
+
+    ## Observation Space
+    ``Text``: a one-line description of the current state.
+
+    ## Starting State
+    The MDP's start state. Task ``k`` of the split is a fixed MDP (``train``: global tasks
+    0-47, ``test``: 48-63, ``all``: 0-63); ``env.unwrapped.mdp`` is the current task's MDP
+    and ``env.unwrapped.state_index`` the current state's index in it.
+
+    ## Rewards
+    The MDP's transition reward: 1 on reaching the goal, else 0.
+
+    ## Episode End
+    Terminated by a terminal transition (goal, dead end, fall). Truncated by the
+    registration's ``max_episode_steps`` (40).
+
+    ## Exact values
+    ``gaca_envs.diag.exact_values(env.unwrapped.mdp, policy, gamma)`` gives V, Q and A of
+    any tabular policy; ``env.unwrapped.expert_action()`` is an optimal policy's action.
+
+    ## Arguments
+    ``world``, ``split``, ``anchor``, ``render_mode``.
+
+    ## Version History
+    v0: initial version.
+    """
+
+    def __init__(self, world: str = "corridor", split: DiagSplit = "train",
+                 anchor: Anchor = "state", render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode, anchor=anchor)
+        if world not in WORLDS:
+            raise ValueError(f"unknown diagnostic world {world!r}; valid: {sorted(WORLDS)}")
+        offsets = {"train": (0, TRAIN_TASKS), "test": (TRAIN_TASKS, TEST_TASKS),
+                   "all": (0, TRAIN_TASKS + TEST_TASKS)}
+        if split not in offsets:
+            raise ValueError(f"split must be one of {sorted(offsets)}, got {split!r}")
+        self.world, self.split = world, split
+        self._first, self._count = offsets[split]
+        self.state_index: int | None = None
+
+    @property
+    def num_tasks(self) -> int:
+        return self._count
+
+    def mdp_for(self, task_id: int) -> TabularMDP:
+        """The MDP of task ``task_id`` of this split."""
+        return build_world(self.world, self._first + task_id)
+
+    @property
+    def mdp(self) -> TabularMDP:
+        """The current task's MDP (after ``reset``)."""
+        if self._task_id is None:
+            raise RuntimeError("call reset() first: the MDP depends on the task")
+        return self.mdp_for(self._task_id)
+
+    def expert_action(self) -> str | None:
+        """The action of an optimal policy (value iteration, gamma 0.95) in this state."""
+        if self.state_index is None or self._last is None or self._last.terminated:
+            return None
+        policy = _optimal(self.world, self._first + self._task_id)
+        s = self.state_index
+        return self.mdp.actions[s][int(policy[s].argmax())]
+
+    def _sim_task(self, task_id: int) -> str:
+        return self.mdp_for(task_id).task
+
+    def _sim_reset(self, task_id: int) -> SimStep:
+        self.state_index = self.mdp.start
+        return self._sim_at(self.state_index, 0.0, False, False)
+
+    def _sim_step(self, action: str) -> SimStep:
+        mdp, s = self.mdp, self.state_index
+        assert s is not None
+        outs = mdp.outcomes[s][mdp.actions[s].index(action)]
+        k = int(self.np_random.choice(len(outs), p=[o.prob for o in outs])) if len(outs) > 1 else 0
+        out = outs[k]
+        self.state_index = out.next_state
+        return self._sim_at(out.next_state, out.reward, out.terminal, out.terminal and out.reward > 0)
+
+    def _sim_at(self, s: int, reward: float, terminal: bool, won: bool) -> SimStep:
+        mdp = self.mdp
+        if terminal:
+            text = "You made it. The episode is over." if won else "That went wrong. The episode is over."
+            actions: tuple[str, ...] = ()
+            key = stable_hash([self.world, str(self._first + self._task_id), "terminal", str(won)])
+        else:
+            text, actions = mdp.observations[s], mdp.actions[s]
+            key = stable_hash([self.world, str(self._first + self._task_id), mdp.states[s]])
+        return SimStep(text, tuple(sorted(actions)), key, reward=reward, terminated=terminal,
+                       won=won)

@@ -1,0 +1,89 @@
+"""The diagnostic worlds: deterministic builders from a task index to a :class:`TabularMDP`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gaca_envs.diag.mdp import Outcome, TabularMDP
+
+COLOURS = ("red", "blue", "green", "yellow")
+WALK, REST = "walk forward", "rest"
+
+
+def _rng(world: str, index: int) -> np.random.Generator:
+    return np.random.default_rng([sum(map(ord, world)), index])
+
+
+def corridor(index: int, length: int = 12, junctions: int = 3) -> TabularMDP:
+    """A long corridor with a few pivotal doors among routine segments.
+
+    Every segment offers ``walk forward`` (advance) and ``rest`` (stay). At ``junctions``
+    segments two coloured doors replace them: the door of the task's colour advances, the
+    other ends the episode in a dead end (reward 0). Walking out of the last segment
+    reaches the exit (reward 1). Routine steps matter little; the doors decide everything.
+    """
+    rng = _rng("corridor", index)
+    doors = set(rng.choice(np.arange(1, length), size=junctions, replace=False).tolist())
+    target = COLOURS[int(rng.integers(len(COLOURS)))]
+    states, observations, actions, outcomes = [], [], [], []
+    for i in range(length):
+        advance = (Outcome(1.0, i + 1, 0.0, False) if i + 1 < length
+                   else Outcome(1.0, i, 1.0, True))
+        where = f"Corridor, segment {i + 1} of {length}."
+        states.append(f"segment-{i}")
+        if i in doors:
+            other = COLOURS[int(rng.choice([c for c in range(len(COLOURS))
+                                            if COLOURS[c] != target]))]
+            left, right = (target, other) if rng.integers(2) == 0 else (other, target)
+            observations.append(f"{where} A {left} door is on the left and a {right} door "
+                                "is on the right.")
+            actions.append(("open the left door", "open the right door"))
+            dead = Outcome(1.0, i, 0.0, True)
+            outcomes.append(tuple((advance,) if c == target else (dead,) for c in (left, right)))
+        else:
+            observations.append(f"{where} The passage continues ahead.")
+            actions.append((WALK, REST))
+            outcomes.append(((advance,), (Outcome(1.0, i, 0.0, False),)))
+    task = f"Reach the exit at the end of the corridor. Always open the {target} door."
+    return TabularMDP("corridor", task, tuple(states), tuple(observations), tuple(actions),
+                      tuple(outcomes))
+
+
+def slippery(index: int) -> TabularMDP:
+    """A river crossing with stochastic transitions.
+
+    At the start the agent chooses the short rope bridge or the long path around. Each
+    ``walk forward`` on the wet bridge slips with the task's probability (episode over,
+    reward 0); the path is safe but long. Reaching the far bank gives reward 1. Returns
+    after the choice differ by luck, not by the agent's later actions: the case where
+    step-level (anchor-state) credit misleads.
+    """
+    rng = _rng("slippery", index)
+    bridge = int(rng.integers(3, 6))
+    path = int(rng.integers(8, 13))
+    slip = float(rng.choice([0.05, 0.1, 0.15, 0.2]))
+    wet = {0.05: "damp", 0.1: "wet", 0.15: "very wet", 0.2: "icy"}[slip]
+    states = ["start"]
+    observations = [f"You stand on the river bank. A {wet} rope bridge of {bridge} planks "
+                    f"crosses here; a dry path of {path} stretches winds around."]
+    actions = [("cross the bridge", "take the path")]
+    outcomes: list[tuple[tuple[Outcome, ...], ...]] = [
+        ((Outcome(1.0, 1, 0.0, False),), (Outcome(1.0, 1 + bridge, 0.0, False),))]
+    for kind, count, p_slip in (("bridge", bridge, slip), ("path", path, 0.0)):
+        first = len(states)
+        for j in range(count):
+            s = first + j
+            last = j + 1 == count
+            ok = Outcome(1.0 - p_slip, s if last else s + 1, 1.0 if last else 0.0, last)
+            walk = (ok, Outcome(p_slip, s, 0.0, True)) if p_slip > 0 else (ok,)
+            states.append(f"{kind}-{j}")
+            place = "on the rope bridge" if kind == "bridge" else "on the path"
+            observations.append(f"You are {place}, {j + 1} of {count} from the start.")
+            actions.append((WALK, REST))
+            outcomes.append((walk, (Outcome(1.0, s, 0.0, False),)))
+    task = "Get to the far bank of the river."
+    return TabularMDP("slippery", task, tuple(states), tuple(observations), tuple(actions),
+                      tuple(outcomes))
+
+
+WORLDS = {"corridor": corridor, "slippery": slippery}

@@ -1,0 +1,115 @@
+"""``gaca-play``: a person plays any ``gaca/`` environment in the terminal.
+
+Each turn shows the observation and the admissible actions, numbered. Type a number to
+take that action, or any text (it is sent as is; an inadmissible one does nothing).
+Commands: ``:expert`` (take the expert's action, where the env has one), ``:reset``,
+``:quit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+import gymnasium as gym
+
+import gaca_envs
+
+gym.register_envs(gaca_envs)
+
+
+def parse_kwargs(items: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; values are parsed as YAML scalars (ints, bools, lists)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"env kwarg {item!r} is not key=value")
+        key, value = item.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def choose(line: str, actions: tuple[str, ...]) -> str:
+    """A typed line to an action: a number picks from the list, anything else is text."""
+    text = line.strip()
+    if text.isdigit() and 1 <= int(text) <= len(actions):
+        return actions[int(text) - 1]
+    return text
+
+
+def play(env: gym.Env, seed: int | None, task_id: int | None,
+         stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> float:
+    """Play episodes until ``:quit`` or end of input; returns the last episode's return."""
+    def say(text: str = "") -> None:
+        print(text, file=stdout, flush=True)
+
+    options = {"task_id": task_id} if task_id is not None else None
+    obs, info = env.reset(seed=seed, options=options)
+    total, steps = 0.0, 0
+    say(f"Task {info['task_id']}: {info['task']}")
+    while True:
+        say(f"\n{obs}\n")
+        actions = info["admissible_actions"]
+        for i, action in enumerate(actions, 1):
+            say(f"  {i:3d}. {action}")
+        stdout.write("> ")
+        stdout.flush()
+        line = stdin.readline()
+        if not line or line.strip() == ":quit":
+            say("\nbye")
+            return total
+        if line.strip() == ":reset":
+            obs, info = env.reset(options=options)
+            total, steps = 0.0, 0
+            continue
+        if line.strip() == ":expert":
+            expert = getattr(env.unwrapped, "expert_action", None)
+            action = expert() if expert else None
+            if action is None:
+                say("(no expert action available)")
+                continue
+            say(f"(expert) {action}")
+        else:
+            action = choose(line, actions)
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        steps += 1
+        if not info["action_valid"]:
+            say(f"(not admissible: {action!r})")
+        if terminated or truncated:
+            outcome = "won" if info["won"] else ("out of steps" if truncated else "lost")
+            say(f"\n{obs}\n\nEpisode over after {steps} steps: {outcome}, return {total:g}.")
+            return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gaca-play", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env", nargs="?", default="gaca/Diag-Corridor-v0",
+                        help="a gaca/ id (default: %(default)s)")
+    parser.add_argument("kwargs", nargs="*", help="env kwargs as key=value (split=valid_seen)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--task-id", type=int, default=None)
+    parser.add_argument("--list", action="store_true", help="list the gaca/ ids and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for spec in gaca_envs.SPECS:
+            print(spec.id)
+        return 0
+    if args.env not in gym.registry:
+        parser.error(f"unknown env {args.env!r}; gaca ids: {[s.id for s in gaca_envs.SPECS]}")
+    env = gym.make(args.env, **parse_kwargs(args.kwargs))
+    try:
+        play(env, args.seed, args.task_id)
+    except KeyboardInterrupt:
+        print("\nbye")
+    finally:
+        env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""Declarative registration of every ``gaca/`` id (entry points are strings, so heavy
+dependencies load only on ``gymnasium.make``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    id: str
+    entry_point: str
+    max_episode_steps: int
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Python modules the environment needs beyond gymnasium and numpy.
+    requires: tuple[str, ...] = ()
+
+
+SPECS: tuple[EnvSpec, ...] = (
+    EnvSpec("gaca/ALFWorld-v0", "gaca_envs.alfworld.env:ALFWorldEnv", 50,
+            requires=("alfworld", "textworld")),
+    EnvSpec("gaca/TextWorld-v0", "gaca_envs.alfworld.env:TextWorldEnv", 50,
+            requires=("textworld",)),
+    EnvSpec("gaca/Diag-Corridor-v0", "gaca_envs.diag.env:DiagEnv", 40,
+            kwargs={"world": "corridor"}),
+    EnvSpec("gaca/Diag-Slippery-v0", "gaca_envs.diag.env:DiagEnv", 40,
+            kwargs={"world": "slippery"}),
+)
+
+
+def register_all() -> None:
+    """Register every spec once (idempotent)."""
+    for spec in SPECS:
+        if spec.id not in gym.registry:
+            gym.register(id=spec.id, entry_point=spec.entry_point,
+                         max_episode_steps=spec.max_episode_steps, kwargs=dict(spec.kwargs))
+
+
+def spec_of(env_id: str) -> EnvSpec:
+    for spec in SPECS:
+        if spec.id == env_id:
+            return spec
+    raise KeyError(f"unknown gaca env {env_id!r}; valid: {[s.id for s in SPECS]}")

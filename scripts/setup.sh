@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv (when absent) and install the project with what the tests need.
+# Usage: bash scripts/setup.sh [EXTRAS]   (default extras: alfworld,dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${1:-alfworld,dev}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+
+if [[ ",$EXTRAS," == *",train,"* || ",$EXTRAS," == *",all,"* ]]; then
+    if ! python -c "import torch" 2>/dev/null; then
+        if command -v nvidia-smi >/dev/null 2>&1; then
+            python -m pip install --quiet torch
+        else
+            # The CPU build; an unpinned torch would pull a multi-GB CUDA build.
+            python -m pip install --quiet "torch==2.13.0"
+        fi
+    fi
+fi
+python -m pip install --quiet -e ".[${EXTRAS}]"
+echo "gaca installed in $(pwd)/.venv (extras: ${EXTRAS})"
