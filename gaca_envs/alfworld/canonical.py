@@ -22,7 +22,13 @@ def fact_text(fact) -> str:
 
 
 def facts_key(facts: Iterable, exclude: frozenset[str] = frozenset()) -> str:
-    """Stable hash of a fact set, leaving out predicates in ``exclude`` and derived axioms."""
+    """Stable hash of the true facts, leaving out predicates in ``exclude``.
+
+    Derived axioms are left out, and so are negated facts: TextWorld's PDDL state records
+    ``not_opened(x)`` after a close, while a never-opened receptacle has no such fact, yet
+    both worlds are the same (``opened(x)`` is false).
+    """
     parts = sorted(fact_text(f) for f in facts
-                   if f.name not in exclude and not f.name.startswith("new-axiom@"))
+                   if not f.is_negation and f.name not in exclude
+                   and not f.name.startswith("new-axiom@"))
     return stable_hash(parts)

@@ -1,0 +1,126 @@
+"""Raw ALFWorld engine vs the gaca wrapper: reset and step time on the same games, one run.
+
+Raw engine: ``textworld.start(game, wrappers=[AlfredDemangler, AlfredInfos])`` then
+``reset()``, the way ALFWorld's own env loads each episode's game; its ``reset()`` alone
+(same game again) is timed too. Wrapper: ``gymnasium.make("gaca/ALFWorld-v0").reset()``
+with the translation cache warm (every game seen once before, as in training, where each
+game is played many times) and, separately, cold (empty cache). Steps replay each game's
+walkthrough in both; the wrapper's figure includes the canonical state key and the info.
+
+    python benchmarks/bench_envs.py --games 10 [--split valid_seen] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def raw_episode(path: str, walkthrough_steps: int | None = None):
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+    infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+    t0 = time.perf_counter()
+    env = textworld.start(path, infos, wrappers=[AlfredDemangler(), AlfredInfos])
+    state = env.reset()
+    t1 = time.perf_counter()
+    env.reset()
+    t2 = time.perf_counter()
+    walkthrough = env._wrapped_env._wrapped_env.walkthrough if hasattr(env, "_wrapped_env") \
+        else env.walkthrough
+    steps = []
+    for action in walkthrough:
+        s = time.perf_counter()
+        state, _, done = env.step(action)
+        steps.append(time.perf_counter() - s)
+    assert state["won"], path
+    env.close()
+    return t1 - t0, t2 - t1, steps
+
+
+def wrapper_episode(env, task_id: int):
+    t0 = time.perf_counter()
+    env.reset(options={"task_id": task_id})
+    reset = time.perf_counter() - t0
+    steps = []
+    won = False
+    while True:
+        action = env.unwrapped.expert_action()
+        s = time.perf_counter()
+        _, _, terminated, truncated, info = env.step(action)
+        steps.append(time.perf_counter() - s)
+        won = info["won"]
+        if terminated or truncated:
+            break
+    assert won
+    return reset, steps
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--games", type=int, default=10)
+    parser.add_argument("--split", default="valid_seen")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    os.environ["GACA_CACHE"] = tempfile.mkdtemp(prefix="gaca-bench-")  # start cold
+    import gymnasium as gym
+
+    import gaca_envs
+
+    gym.register_envs(gaca_envs)
+    env = gym.make("gaca/ALFWorld-v0", split=args.split)
+    games = env.unwrapped.games
+    stride = max(1, len(games) // args.games)
+    ids = list(range(0, len(games), stride))[: args.games]
+
+    rows = []
+    for k in ids:  # interleaved so that machine noise hits both sides alike
+        raw_load_reset, raw_reset, raw_steps = raw_episode(str(games[k].path))
+        cold, _ = wrapper_episode(env, k)
+        warm, steps = wrapper_episode(env, k)
+        rows.append({"game": games[k].name, "raw_load_reset_s": raw_load_reset,
+                     "raw_reset_s": raw_reset, "wrapper_cold_reset_s": cold,
+                     "wrapper_warm_reset_s": warm,
+                     "raw_step_ms": 1e3 * statistics.mean(raw_steps),
+                     "wrapper_step_ms": 1e3 * statistics.mean(steps)})
+        print(f"{games[k].name[:60]:60s} raw {raw_load_reset:5.2f}s/{raw_reset:5.2f}s "
+              f"wrapper cold {cold:5.2f}s warm {warm:5.3f}s  step raw "
+              f"{rows[-1]['raw_step_ms']:5.1f} ms wrapper {rows[-1]['wrapper_step_ms']:5.1f} ms",
+              flush=True)
+
+    def mean(key):
+        return statistics.mean(r[key] for r in rows)
+
+    # Warm resets of games that are not the loaded one (new-episode case of training).
+    switch = []
+    for i, k in enumerate(ids):
+        t0 = time.perf_counter()
+        env.reset(options={"task_id": ids[(i + 1) % len(ids)]})
+        switch.append(time.perf_counter() - t0)
+    summary = {
+        "games": len(rows), "split": args.split,
+        "raw_load_reset_s": mean("raw_load_reset_s"), "raw_reset_s": mean("raw_reset_s"),
+        "wrapper_cold_reset_s": mean("wrapper_cold_reset_s"),
+        "wrapper_warm_reset_same_game_s": mean("wrapper_warm_reset_s"),
+        "wrapper_warm_reset_other_game_s": statistics.mean(switch),
+        "raw_step_ms": mean("raw_step_ms"), "wrapper_step_ms": mean("wrapper_step_ms"),
+    }
+    summary["reset_speedup_vs_raw_load_reset"] = (summary["raw_load_reset_s"]
+                                                  / summary["wrapper_warm_reset_other_game_s"])
+    summary["step_overhead_pct"] = 100 * (summary["wrapper_step_ms"] / summary["raw_step_ms"] - 1)
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

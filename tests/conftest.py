@@ -1,0 +1,65 @@
+"""Shared fixtures: data discovery, one env instance per kind, a tiny TextWorld game."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from gaca_envs.data import shared_data  # noqa: E402
+
+try:  # keep torch single-threaded: a busy neighbour makes two threads 3-10x slower
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:
+    pass
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def alfworld_data_or_skip():
+    if not (has_module("alfworld") and has_module("textworld")):
+        pytest.skip("alfworld/textworld not installed (pip install -e '.[alfworld]')")
+    path = shared_data("alfworld")
+    if path is None:
+        pytest.skip("ALFWorld data not found: set GACA_SHARED or put ../shared/data/alfworld "
+                    "beside the repository")
+    return path
+
+
+@pytest.fixture(scope="session")
+def alfworld_dir():
+    return alfworld_data_or_skip()
+
+
+@pytest.fixture(scope="session")
+def valid_seen(alfworld_dir):
+    """One ALFWorld valid_seen env shared by the tests (resets reuse cached games)."""
+    import gymnasium as gym
+
+    env = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_textworld_game(tmp_path_factory):
+    """A small TextWorld game made offline with TextWorld's own generator."""
+    if not has_module("textworld"):
+        pytest.skip("textworld not installed (pip install -e '.[alfworld]')")
+    import textworld
+    import textworld.generator as generator
+
+    options = textworld.GameOptions()
+    options.seeds = 1234
+    options.nb_rooms, options.nb_objects, options.quest_length = 2, 4, 3
+    options.path = str(tmp_path_factory.mktemp("tw") / "tiny.z8")
+    options.force_recompile = True
+    return generator.compile_game(generator.make_game(options), options)
