@@ -133,3 +133,20 @@ def test_splits_and_tasks():
     assert len(tasks) > 1
     with pytest.raises(ValueError, match="split must be one of"):
         gym.make("gaca/Diag-Corridor-v0", split="dev")
+
+
+def test_simulate_follows_the_mdp_and_matches_exact_value():
+    from gaca_envs.diag import simulate
+
+    mdp = gym.make("gaca/Diag-Slippery-v0").unwrapped.mdp_for(2)
+    policy = uniform_policy(mdp)
+    rng = np.random.default_rng(0)
+    returns = []
+    for _ in range(4000):
+        steps = simulate(mdp, policy, rng, max_steps=1000)
+        assert steps[0].state == mdp.start and steps[-1].terminal
+        for a, b in zip(steps, steps[1:]):
+            assert b.state == a.next_state and not a.terminal
+        returns.append(sum(GAMMA ** i * s.reward for i, s in enumerate(steps)))
+    v = exact_values(mdp, policy, GAMMA).V[mdp.start]
+    assert abs(np.mean(returns) - v) < 4 * np.std(returns) / np.sqrt(len(returns)) + 1e-3

@@ -59,7 +59,11 @@ def criticality(nll: np.ndarray, scope: np.ndarray, eligible: np.ndarray) -> np.
     count = segment_count(scope[rows], k)
     mu = segment_mean(nll[rows], scope[rows], k)
     sigma = segment_std(nll[rows], scope[rows], ddof=0, k=k)
-    ok = (count >= 2) & (sigma > 0)
+    # sigma = 0 tested exactly (min == max): rounding in sigma must not make z non-zero.
+    lo, hi = np.full(k, np.inf), np.full(k, -np.inf)
+    np.minimum.at(lo, scope[rows], nll[rows])
+    np.maximum.at(hi, scope[rows], nll[rows])
+    ok = (count >= 2) & (hi > lo)
     z = (nll - mu[scope]) / (sigma[scope] + EPS)
     return np.where(ok[scope] & eligible, z, 0.0)
 

@@ -25,8 +25,9 @@ class GRAFTConfig:
     gamma: float = 0.99
     lam: float = 0.95
     """Graph-GAE lambda (ALGORITHMS.md's ``lambda``); 0 gives the one-step TD error."""
-    max_iters: int = 1000
-    tol: float = 1e-10
+    max_iters: int = 20_000
+    tol: float = 1e-9
+    """Stop when the error bound max|V_k+1 - V_k| * gamma / (1 - gamma) is below this."""
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
@@ -47,7 +48,8 @@ def graph_values(node: np.ndarray, next_node: np.ndarray, reward: np.ndarray,
         target = reward + cont * V[next_node]
         new = np.divide(np.bincount(node, weights=target, minlength=k), out,
                         out=np.zeros(k), where=out > 0)
-        if np.max(np.abs(new - V)) < tol:
+        change = np.max(np.abs(new - V))
+        if change == 0 or (gamma < 1 and change * gamma / (1 - gamma) < tol):
             return new
         V = new
     return V

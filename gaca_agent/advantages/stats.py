@@ -37,7 +37,7 @@ def segment_count(seg: np.ndarray, k: int | None = None) -> np.ndarray:
 def segment_mean(x: np.ndarray, seg: np.ndarray, k: int | None = None) -> np.ndarray:
     """Per-segment mean, shape (k,); empty segments give 0."""
     count = segment_count(seg, k)
-    total = np.bincount(seg, weights=x, minlength=k or 0)
+    total = np.bincount(seg, weights=x, minlength=k or 0).astype(np.float64)
     return np.divide(total, count, out=np.zeros_like(total), where=count > 0)
 
 
@@ -47,7 +47,7 @@ def segment_std(x: np.ndarray, seg: np.ndarray, ddof: int = 1,
     population), shape (k,). Segments with ``count <= ddof`` give 0."""
     count = segment_count(seg, k)
     mean = segment_mean(x, seg, k)
-    sq = np.bincount(seg, weights=(x - mean[seg]) ** 2, minlength=k or 0)
+    sq = np.bincount(seg, weights=(x - mean[seg]) ** 2, minlength=k or 0).astype(np.float64)
     denom = count - ddof
     var = np.divide(sq, denom, out=np.zeros_like(sq), where=denom > 0)
     return np.sqrt(var)

@@ -133,3 +133,29 @@ def _q_from(mdp: TabularMDP, V: np.ndarray, gamma: float) -> list[np.ndarray]:
     return [np.array([sum(o.prob * (o.reward + (0.0 if o.terminal else gamma * V[o.next_state]))
                           for o in outs) for outs in mdp.outcomes[s]])
             for s in range(mdp.num_states)]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One simulated transition."""
+
+    state: int
+    action: int
+    reward: float
+    next_state: int
+    terminal: bool
+
+
+def simulate(mdp: TabularMDP, policy: Policy, rng: np.random.Generator,
+             max_steps: int) -> list[Step]:
+    """One episode from the start state under a tabular policy (truncated at max_steps)."""
+    s, steps = mdp.start, []
+    for _ in range(max_steps):
+        a = int(rng.choice(len(policy[s]), p=policy[s]))
+        outs = mdp.outcomes[s][a]
+        o = outs[int(rng.choice(len(outs), p=[x.prob for x in outs]))] if len(outs) > 1 else outs[0]
+        steps.append(Step(s, a, o.reward, o.next_state, o.terminal))
+        if o.terminal:
+            break
+        s = o.next_state
+    return steps
