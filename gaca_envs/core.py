@@ -126,6 +126,11 @@ class TextEnv(gym.Env[str, str]):
     def _sim_step(self, action: str) -> SimStep:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _is_valid(self, action: str) -> bool:
+        """Whether a normalised action is admissible now (parametric envs override)."""
+        assert self._last is not None
+        return action in self._last.admissible_actions
+
     # ----------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -138,7 +143,7 @@ class TextEnv(gym.Env[str, str]):
         if self._last is None:
             raise RuntimeError("call reset() before step()")
         text = normalize_action(action)
-        if text not in self._last.admissible_actions:
+        if not self._is_valid(text):
             invalid = SimStep(_INVALID_FEEDBACK, self._last.admissible_actions,
                               self._last.state_key, won=self._won)
             obs, info = self._emit(invalid, action_valid=False)

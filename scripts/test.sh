@@ -2,7 +2,15 @@
 # Install what the tests need (into .venv) and run pytest. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,train,dev}"
+bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,dev}"
+# The browser tests need Debian's Chromium and its driver.
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium and chromium-driver (apt-get)"
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq >/dev/null && \
+        $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null || \
+        echo "warning: could not install chromium; browser tests will be skipped"
+fi
 . .venv/bin/activate
 export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1
 python -m pytest "$@"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -29,6 +31,11 @@ def env(request, tiny_textworld_game):
         kwargs = {"split": "valid_seen", "data_dir": alfworld_data_or_skip()}
     elif spec.id == "gaca/TextWorld-v0":
         kwargs = {"game": tiny_textworld_game}
+    elif spec.id.startswith("gaca/WebShop"):
+        kwargs = {"split": "test"}
+        if spec.id == "gaca/WebShopBrowser-v0" and not (shutil.which("chromium")
+                                                         and shutil.which("chromedriver")):
+            pytest.skip("headless browser missing: apt-get install chromium chromium-driver")
     env = gym.make(spec.id, **kwargs)
     yield env
     env.close()

@@ -1,0 +1,144 @@
+"""``gaca/WebShop-v0``: WebShop's shopping tasks on our own engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gaca_envs.core import Anchor, SimStep, TextEnv
+from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, Session
+from gaca_envs.webshop.world import GoalSource, World, WorldConfig, load_world
+
+OBSERVATION_MODES = ("text", "text_rich", "html")
+
+
+class WebShopEnv(TextEnv):
+    """WebShop (Yao et al., 2022): find and buy the product an instruction describes.
+
+    ## Description
+    A simulated online shop. The instruction names a product, attributes, options and a
+    price limit; the agent searches, opens products, chooses options, reads sub-pages and
+    buys. Pages, actions and scoring follow WebShop's server and ``get_reward``; the
+    engine is ours (no Java, no CDN, seeded prices). Catalogue: the bundled generated one
+    (3,000 products in WebShop's five categories, ~6,000 goals) or any WebShop product
+    file (``catalog=PATH``, with its attribute file).
+
+    ## Action Space
+    ``search[QUERY]`` on the search page; ``click[LABEL]`` for a button (``back to
+    search``, ``next >``, ``< prev``, ``description``, ``features``, ``reviews``,
+    ``buy now``), a product (its asin) or an option value. ``info["admissible_actions"]``
+    lists the clicks, or ``search[<query>]`` (any query) on the search page.
+
+    ## Observation Space
+    ``observation_mode``: ``text`` (visible texts joined by ``[SEP]``), ``text_rich``
+    (``[button] ... [button_]`` marks, one piece a line) or ``html``.
+
+    ## Starting State
+    The search page of goal ``k`` of the split (``options={"task_id": k}``), else a goal
+    drawn with ``np_random``. Splits (WebShop's): test = goals 0-499, dev = 500-1499,
+    train = 1500+, for human goals and for the generated goals alike.
+
+    ## Rewards
+    WebShop's score in [0, 1] on ``click[buy now]``; 0 otherwise. ``info["score"]``.
+
+    ## Episode End
+    Terminated on buying; ``won`` when the score is 1. ``max_episode_steps=15``.
+
+    ## Info
+    Contract keys; ``state_key`` hashes page type, query, results page, product, chosen
+    options and sub-page (the same page by any path has one key). ``env.unwrapped.
+    expert_action()`` searches the goal product's title, opens it, picks the goal options
+    and buys (score 1.0 on generated goals).
+
+    ## Arguments
+    ``split``, ``goals`` (``synthetic``/``human``), ``catalog``, ``attributes``,
+    ``human_file``, ``num_products``, ``seed`` (prices and price limits),
+    ``observation_mode``, ``show_attrs``, ``search_backend`` (``bm25s``/``pyserini``),
+    ``index_dir``, ``anchor``, ``render_mode``.
+
+    ## Version History
+    v0: initial version.
+    """
+
+    def __init__(self, split: str = "train", goals: GoalSource = "synthetic",
+                 catalog: str | None = None, attributes: str | None = None,
+                 human_file: str | None = None, num_products: int | None = None,
+                 seed: int = 0, observation_mode: str = "text", show_attrs: bool = False,
+                 search_backend: str = "bm25s", index_dir: str | None = None,
+                 anchor: Anchor = "state", render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode, anchor=anchor)
+        if observation_mode not in OBSERVATION_MODES:
+            raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, "
+                             f"got {observation_mode!r}")
+        if goals not in ("synthetic", "human"):
+            raise ValueError(f"goals must be 'synthetic' or 'human', got {goals!r}")
+        self.world: World = load_world(WorldConfig(
+            catalog=str(catalog) if catalog else None, attributes=attributes,
+            human_file=human_file, goals=goals, num_products=num_products, seed=seed,
+            search_backend=search_backend, index_dir=index_dir))  # type: ignore[arg-type]
+        self.goal_ids = self.world.split(split)
+        if len(self.goal_ids) == 0:
+            raise ValueError(f"split {split!r} has no goals ({len(self.world.goals)} in all)")
+        self.split, self.observation_mode, self.show_attrs = split, observation_mode, show_attrs
+        self.session: Session | None = None
+        self._searched: list[str] = []
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.goal_ids)
+
+    def goal(self, task_id: int) -> dict[str, Any]:
+        return self.world.goals[self.goal_ids[task_id]]
+
+    def _sim_task(self, task_id: int) -> str:
+        return self.goal(task_id)["instruction_text"]
+
+    def _sim_reset(self, task_id: int) -> SimStep:
+        self.session = self.world.new_session(self.goal_ids[task_id], self.show_attrs)
+        self._searched = []
+        return self._sim(0.0)
+
+    def _is_valid(self, action: str) -> bool:
+        return self.session is not None and self.session.is_valid(action)
+
+    def _sim_step(self, action: str) -> SimStep:
+        assert self.session is not None
+        if action.startswith("search["):
+            self._searched.append(action)
+        return self._sim(self.session.act(action))
+
+    def _sim(self, reward: float) -> SimStep:
+        s = self.session
+        assert s is not None
+        done = s.page.kind == "done"
+        return SimStep(s.observation(self.observation_mode), s.admissible(), s.page.key(),
+                       reward=reward, terminated=done, won=done and s.score == 1.0,
+                       extra_info={"score": float(s.score or 0.0)})
+
+    def expert_action(self) -> str | None:
+        """The oracle: search the goal product, open it, choose the goal options, buy."""
+        s = self.session
+        if s is None or s.page.kind == "done":
+            return None
+        goal, page = s.goal, s.page
+        target = goal["asin"]
+        if page.kind == "search":
+            product = s.products[target]
+            queries = [product["Title"], goal["query"] + " " + " ".join(goal["attributes"])]
+            query = queries[min(len(self._searched), len(queries) - 1)].lower()
+            return f"search[{' '.join(query.split())}]"
+        if page.kind == "sub" or (page.kind == "item" and page.asin != target):
+            return f"click[{PREV}]"
+        if page.kind == "results":
+            if target in s.page_results():
+                return f"click[{target.lower()}]"
+            further = s.results()[page.page * 10:]
+            return f"click[{NEXT}]" if target in further else f"click[{BACK}]"
+        wanted = (goal["goal_options"].values() if isinstance(goal["goal_options"], dict)
+                  else goal["goal_options"])
+        chosen = {v for _, v in page.options}
+        clickables = s.clickables()
+        for value in wanted:
+            if value not in chosen and value in clickables:
+                return f"click[{value}]"
+        return f"click[{BUY}]"
+

@@ -1,0 +1,242 @@
+"""WebShop's site as a state machine: pages, clickables, transitions and renderings.
+
+One :class:`Session` is one shopper on one goal. ``act(action)`` applies ``search[...]`` or
+``click[...]`` as WebShop's server does; ``elements()`` lists the page's visible pieces
+(text, buttons, option labels, product links) in page order, from which the ``text`` and
+``text_rich`` observations are built in WebShop's formats, and ``render_html`` draws the
+same page as self-contained HTML (no external assets) for the local site.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+from gaca_envs.core import stable_hash
+
+PRODUCT_WINDOW = 10
+BUY, NEXT, PREV, BACK = "buy now", "next >", "< prev", "back to search"
+SUB_PAGES = ("Description", "Features", "Reviews", "Attributes")
+_ACTION_RE = re.compile(r"^(search|click)\[(.*)\]$", re.DOTALL)
+
+PageKind = Literal["search", "results", "item", "sub", "done"]
+Element = tuple[str, str]  # (kind: text|button|label|link, text)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Everything that decides what the shopper sees (the state key hashes it)."""
+
+    kind: PageKind = "search"
+    keywords: tuple[str, ...] = ()
+    page: int = 1
+    asin: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
+    sub: str | None = None
+
+    def key(self) -> str:
+        return stable_hash(["webshop", self.kind, " ".join(self.keywords), str(self.page),
+                            self.asin or "", json.dumps(self.options), self.sub or ""])
+
+
+def parse_action(action: str) -> tuple[str, str] | None:
+    """``search[q]``/``click[x]`` -> (name, argument), else None."""
+    match = _ACTION_RE.match(action.strip())
+    return (match.group(1), match.group(2).strip()) if match else None
+
+
+@dataclass
+class Session:
+    """One shopper: the goal, the current page, the clicked products, the outcome."""
+
+    goal: dict[str, Any]
+    products: dict[str, dict[str, Any]]
+    prices: dict[str, float]
+    search: Callable[[str], list[str]]
+    score_fn: Callable[..., tuple[float, dict[str, Any]]]
+    show_attrs: bool = False
+    page: Page = field(default_factory=Page)
+    clicked: set = field(default_factory=set)
+    score: float | None = None
+    score_info: dict[str, Any] | None = None
+    _results: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------- queries
+    def results(self) -> list[str]:
+        keywords = self.page.keywords
+        if keywords not in self._results:
+            self._results[keywords] = self.search(" ".join(keywords))
+        return self._results[keywords]
+
+    def page_results(self) -> list[str]:
+        start = (self.page.page - 1) * PRODUCT_WINDOW
+        return self.results()[start:start + PRODUCT_WINDOW]
+
+    def clickables(self) -> dict[str, tuple[str, str]]:
+        """Clickable label -> (kind, option name or ""), as WebShop's text env lists them
+        (lower case; an option value shared by two options maps to the later one)."""
+        out: dict[str, tuple[str, str]] = {}
+        kind = self.page.kind
+        if kind in ("results", "item", "sub"):
+            out[BACK] = ("button", "")
+        if kind == "results":
+            if self.page.page > 1:
+                out[PREV] = ("button", "")
+            out[NEXT] = ("button", "")
+            for asin in self.page_results():
+                out[asin.lower()] = ("link", "")
+        elif kind == "item":
+            out[PREV] = ("button", "")
+            product = self.products[self.page.asin]
+            for name, values in product["options"].items():
+                for value in values:
+                    out[value] = ("option", name)
+            for sub in self.sub_pages():
+                out[sub.lower()] = ("button", "")
+            out[BUY] = ("button", "")
+        elif kind == "sub":
+            out[PREV] = ("button", "")
+        return out
+
+    def sub_pages(self) -> tuple[str, ...]:
+        return SUB_PAGES if self.show_attrs else SUB_PAGES[:3]
+
+    def admissible(self) -> tuple[str, ...]:
+        """``search[<query>]`` (a template: any query) on the search page, else the clicks."""
+        clicks = tuple(f"click[{c}]" for c in self.clickables())
+        return ("search[<query>]",) if self.page.kind == "search" else clicks
+
+    def is_valid(self, action: str) -> bool:
+        parsed = parse_action(action)
+        if parsed is None:
+            return False
+        name, arg = parsed
+        if name == "search":
+            return self.page.kind == "search" and bool(arg)
+        return arg in self.clickables()
+
+    # ------------------------------------------------------------- transitions
+    def act(self, action: str) -> float:
+        """Apply a valid action (see :meth:`is_valid`); returns the reward (score on buy)."""
+        name, arg = parse_action(action)  # type: ignore[misc]
+        page = self.page
+        if name == "search":
+            self.page = Page("results", tuple(arg.split(" ")), 1)
+            return 0.0
+        kind, option_name = self.clickables()[arg]
+        if arg == BACK:
+            self.page = Page()
+        elif arg == NEXT:
+            self.page = replace(page, page=page.page + 1)
+        elif arg == PREV and page.kind == "results":
+            self.page = replace(page, page=page.page - 1)
+        elif arg == PREV and page.kind == "sub":
+            self.page = replace(page, kind="item", sub=None)
+        elif arg == PREV:  # item page: back to its results page
+            self.page = Page("results", page.keywords, page.page)
+        elif kind == "link":
+            asin = arg.upper()
+            self.clicked.add(asin)
+            self.page = Page("item", page.keywords, page.page, asin)
+        elif kind == "option":
+            options = dict(page.options)
+            options[option_name] = arg
+            self.page = replace(page, options=tuple(sorted(options.items())))
+        elif arg == BUY:
+            return self._buy()
+        else:
+            sub = next(s for s in SUB_PAGES if s.lower() == arg)
+            self.page = replace(page, kind="sub", sub=sub)
+        return 0.0
+
+    def _buy(self) -> float:
+        asin = self.page.asin
+        assert asin is not None
+        self.score, self.score_info = self.score_fn(
+            self.products[asin], self.goal, price=self.prices[asin],
+            options=dict(self.page.options))
+        self.page = replace(self.page, kind="done", sub=None)
+        return self.score
+
+    # ------------------------------------------------------------- renderings
+    def elements(self) -> list[Element]:
+        """Visible page pieces in order: (``text``|``button``|``label``|``link``, text)."""
+        p, instruction = self.page, self.goal["instruction_text"]
+        if p.kind == "search":
+            return [("text", "WebShop"), ("text", "Instruction:"), ("text", instruction),
+                    ("button", "Search")]
+        if p.kind == "done":
+            return [("text", "Thank you for shopping with us!"), ("text", "Your code:"),
+                    ("text", "Your score (min 0.0, max 1.0)"), ("text", f"{self.score}")]
+        out: list[Element] = [("text", "Instruction:"), ("text", instruction),
+                              ("button", "Back to Search")]
+        if p.kind == "results":
+            out.append(("text", f"Page {p.page} (Total results: {len(self.results())})"))
+            if p.page > 1:
+                out.append(("button", "< Prev"))
+            out.append(("button", "Next >"))
+            for asin in self.page_results():
+                product = self.products[asin]
+                out += [("link", asin), ("text", product["Title"]), ("text", product["Price"])]
+            return out
+        product = self.products[p.asin]
+        out.append(("button", "< Prev"))
+        if p.kind == "item":
+            for name, values in product["options"].items():
+                out.append(("text", name))
+                out += [("label", v) for v in values]
+            out += [("text", product["Title"]), ("text", f"Price: {product['Price']}"),
+                    ("text", f"Rating: {product['Rating']}")]
+            out += [("button", s) for s in self.sub_pages()]
+            out.append(("button", "Buy Now"))
+        elif p.sub == "Description":
+            out.append(("text", product["Description"]))
+        elif p.sub == "Features":
+            out += [("text", b) for b in product["BulletPoints"]]
+        elif p.sub == "Reviews":
+            for r in product["Reviews"]:
+                out += [("text", f'"{r.get("title", "")}"'), ("text", str(r.get("score", ""))),
+                        ("text", r.get("body", ""))]
+        else:
+            out += [("text", a) for a in product["Attributes"]]
+        return out
+
+    def observation(self, mode: str) -> str:
+        if mode == "text":
+            return text_observation(self.elements())
+        if mode == "text_rich":
+            return rich_observation(self.elements(), dict(self.page.options).values(),
+                                    self.clicked)
+        if mode == "html":
+            from gaca_envs.webshop.html import render_html
+
+            return render_html(self)
+        raise ValueError(f"observation_mode must be text, text_rich or html, got {mode!r}")
+
+
+def text_observation(elements: list[Element]) -> str:
+    """WebShop's ``text`` mode: visible texts joined by `` [SEP] ``."""
+    return " [SEP] ".join(t.strip() for _, t in elements if t.strip())
+
+
+def rich_observation(elements: list[Element], chosen, clicked) -> str:
+    """WebShop's ``text_rich`` mode: one line per piece, buttons marked ``[button]``."""
+    chosen, head, lines = set(chosen), "", []
+    for kind, t in elements:
+        if not t.strip():
+            continue
+        if kind == "button":
+            lines.append(f"[button] {t} [button_]")
+        elif kind == "label" and t in chosen:
+            lines.append(f"  [clicked button] {t} [clicked button_]")
+            head = f"You have clicked {t}.\n" + head
+        elif kind == "label":
+            lines.append(f"  [button] {t} [button_]")
+        elif kind == "link":
+            mark = "clicked button" if t in clicked else "button"
+            lines.append(f"\n[{mark}] {t} [{mark}_]")
+        else:
+            lines.append(t)
+    return head + "".join(line + "\n" for line in lines)

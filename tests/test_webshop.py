@@ -1,0 +1,248 @@
+"""gaca/WebShop-v0: WebShop's reward, catalogue loading, search, pages and the expert."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+from conftest import has_module
+
+pytestmark = pytest.mark.skipif(
+    not all(has_module(m) for m in ("bm25s", "Stemmer", "thefuzz", "spacy")),
+    reason="WebShop extras not installed (pip install -e '.[webshop]')")
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = gym.make("gaca/WebShop-v0", split="test")
+    yield e
+    e.close()
+
+
+def product(**kw):
+    base = {"asin": "B000000001", "name": "Acme Teal Silicone Watch Band",
+            "Title": "Acme Teal Silicone Watch Band", "query": "watch bands",
+            "product_category": "Electronics › Wearable Technology › Bands",
+            "Attributes": ["stainless steel", "quick release"],
+            "BulletPoints": ["Fits 38mm and 40mm watches"],
+            "Description": "A soft band that is water resistant."}
+    base.update(kw)
+    return base
+
+
+def goal(**kw):
+    base = {"asin": "B000000001", "name": "Acme Teal Silicone Watch Band",
+            "query": "watch bands",
+            "product_category": "Electronics › Wearable Technology › Bands",
+            "attributes": ["stainless steel"], "goal_options": ["teal"], "price_upper": 20.0,
+            "instruction_text": "i want a teal stainless steel band"}
+    base.update(kw)
+    return base
+
+
+def test_reward_perfect_and_price_component():
+    from gaca_envs.webshop.reward import get_reward
+
+    score, info = get_reward(product(), goal(), price=11.98, options={"color": "teal"})
+    assert score == 1.0 and info["r_type"] == 1.0 and info["r_att"] == 1.0
+    assert info["r_option"] == 1.0 and info["r_price"] is True
+    score, info = get_reward(product(), goal(), price=25.0, options={"color": "teal"})
+    assert score == pytest.approx(2 / 3) and info["r_price"] is False  # (1 + 1 + 0) / 3
+
+
+def test_reward_attribute_fuzzy_and_text_fallback():
+    from gaca_envs.webshop.reward import attribute_matches
+
+    p = product()
+    # fuzzy token-set ratio > 85 against the attribute list ("steel stainless" reorders)
+    assert attribute_matches(p, ["steel stainless"]) == 1
+    # not an attribute, but a substring of the description / bullet points / title
+    assert attribute_matches(p, ["water resistant", "38mm", "teal silicone"]) == 3
+    assert attribute_matches(p, ["leather"]) == 0
+    score = (0 + 1 + 1) / (1 + 1 + 1)
+    from gaca_envs.webshop.reward import get_reward
+
+    assert get_reward(p, goal(attributes=["leather"]), 10.0, {"c": "teal"})[0] == \
+        pytest.approx(score)
+
+
+def test_reward_options_colour_normalisation_and_threshold():
+    from gaca_envs.webshop.reward import normalize_color, option_matches
+
+    assert normalize_color("z2-pink") == "pink" and normalize_color("38 | 40 mm") == "38 | 40 mm"
+    assert option_matches(["dark navy blue"], ["navy"]) == 0  # 'dark' is found first
+    assert option_matches(["z2-pink"], ["pink"]) == 1
+    assert option_matches(["x-large"], ["large"]) == 1  # token set: 'large' subset
+    assert option_matches(["small"], ["large"]) == 0
+    # dict goals are matched as WebShop does, through (name, value) tuples
+    from gaca_envs.webshop.reward import get_reward
+
+    g = goal(goal_options={"color": "teal", "size": "large"})
+    score, info = get_reward(product(), g, 10.0, {"color": "teal", "size": "large"})
+    assert info["r_option"] == 1.0 and score == 1.0
+    score, info = get_reward(product(), g, 10.0, {"color": "teal", "size": "small"})
+    assert info["r_option"] == 0.5 and score == pytest.approx(3 / 4)
+
+
+def test_reward_type_component():
+    from gaca_envs.webshop.reward import type_reward
+
+    same = type_reward(product(), goal())
+    assert same["r_type"] == 1.0 and same["query_match"] and same["category_match"]
+    # another query and category, title nouns overlap > 0.2: still 1.0
+    other = product(query="phone cases", product_category="Cell Phones › Cases",
+                    name="Acme Watch Band Holder")
+    assert type_reward(other, goal())["r_type"] == 1.0
+    # no query, no category, no shared noun: 0.0
+    unrelated = product(query="tea", product_category="Grocery › Tea › Green",
+                        name="Organic Green Tea")
+    info = type_reward(unrelated, goal())
+    assert info["title_score"] == 0.0 and info["r_type"] == 0.0
+    # one shared noun of many (0 < title score <= 0.2), no query/category match: 0.5
+    weak = product(query="tea", product_category="Grocery › Tea › Green",
+                   name="Acme Green Tea")
+    info = type_reward(weak, goal())
+    assert 0.1 <= info["title_score"] <= 0.2 and info["r_type"] == 0.5
+
+
+def test_expert_scores_one_on_50_generated_test_goals(env):
+    for k in range(50):
+        env.reset(options={"task_id": k})
+        for _ in range(15):
+            obs, reward, terminated, truncated, info = env.step(env.unwrapped.expert_action())
+            if terminated or truncated:
+                break
+        assert terminated and reward == 1.0 and info["won"] and info["score"] == 1.0, k
+
+
+def test_pages_text_formats_and_state_keys(env):
+    obs, info = env.reset(options={"task_id": 3})
+    goal_text = info["task"]
+    assert obs == f"WebShop [SEP] Instruction: [SEP] {goal_text} [SEP] Search"
+    assert info["admissible_actions"] == ("search[<query>]",)
+    obs, _, _, _, info = env.step("search[watch band]")
+    assert obs.startswith(f"Instruction: [SEP] {goal_text} [SEP] Back to Search [SEP] Page 1 "
+                          "(Total results: ")
+    assert "click[next >]" in info["admissible_actions"]
+    assert "click[< prev]" not in info["admissible_actions"]
+    results_key = info["state_key"]
+    first = next(a for a in info["admissible_actions"] if a.startswith("click[g"))
+    _, _, _, _, item = env.step(first)
+    assert {"click[description]", "click[features]", "click[reviews]", "click[buy now]"} <= \
+        set(item["admissible_actions"])
+    _, _, _, _, sub = env.step("click[features]")
+    assert sub["admissible_actions"] == ("click[back to search]", "click[< prev]")
+    assert env.step("click[< prev]")[4]["state_key"] == item["state_key"]
+    assert env.step("click[< prev]")[4]["state_key"] == results_key  # same page, other path
+    assert env.step("click[next >]")[4]["state_key"] != results_key
+    assert env.step("click[< prev]")[4]["state_key"] == results_key
+    assert env.step("search[anything]")[4]["action_valid"] is False  # no search box here
+
+
+def test_text_rich_and_html_modes_agree_with_text():
+    from gaca_envs.webshop.html import elements_from_html
+    from gaca_envs.webshop.pages import text_observation
+
+    rich = gym.make("gaca/WebShop-v0", split="test", observation_mode="text_rich")
+    html = gym.make("gaca/WebShop-v0", split="test", observation_mode="html")
+    text = gym.make("gaca/WebShop-v0", split="test")
+    for e in (rich, html, text):
+        e.reset(options={"task_id": 7})
+    actions = []
+    while True:
+        action = text.unwrapped.expert_action()
+        if action is None or "buy now" in action:
+            break
+        actions.append(action)
+        t, *_ = text.step(action)
+        r, *_ = rich.step(action)
+        h, *_ = html.step(action)
+        assert text_observation(elements_from_html(h)) == t
+        assert "http" not in h and "<script src" not in h
+        if "click[g" in action:
+            assert "[button] Buy Now [button_]" in r
+    assert "[clicked button]" in r and "You have clicked" in r
+
+
+def test_injection_and_huge_queries_are_escaped(env):
+    env.reset(options={"task_id": 0})
+    html_env = gym.make("gaca/WebShop-v0", split="test", observation_mode="html")
+    html_env.reset(options={"task_id": 0})
+    for query in ("<script>alert(1)</script>", "a" * 100_000, "x\x00\x1b[31m\u202e y"):
+        obs, _, _, _, info = html_env.step(f"search[{query}]")
+        assert info["action_valid"]
+        assert "<script>alert" not in obs
+        html_env.step("click[back to search]")
+        obs, *_ = env.step(f"search[{query}]")
+        env.step("click[back to search]")
+
+
+def test_splits_of_human_goal_file_and_generated_goals(env):
+    from gaca_envs.data import shared_data
+    from gaca_envs.webshop.goals import split_range
+
+    assert env.unwrapped.num_tasks == 500
+    n_goals = len(env.unwrapped.world.goals)
+    assert len(split_range("dev", n_goals)) == 1000
+    assert len(split_range("train", n_goals)) == n_goals - 1500
+    path = shared_data("webshop", "human_goals.json")
+    if path is None:
+        pytest.skip("../shared/data/webshop/human_goals.json not present")
+    human = json.loads(path.read_text())
+    sizes = [len(split_range(s, len(human))) for s in ("test", "dev", "train")]
+    assert sizes == [500, 1000, len(human) - 1500] and sum(sizes) == len(human)
+
+
+def test_search_finds_products_for_real_human_queries(env):
+    """Human instructions and the queries people typed (real WebShop files) get results."""
+    from gaca_envs.data import shared_data
+
+    path = shared_data("webshop", "goal_query_map.json")
+    if path is None:
+        pytest.skip("../shared/data/webshop/goal_query_map.json not present")
+    queries = [q for qs in list(json.loads(path.read_text()).values())[:200] for q in qs]
+    search = env.unwrapped.world.search
+    hits = [search.search(q) for q in queries]
+    assert all(len(h) <= 50 for h in hits)
+    assert sum(bool(h) for h in hits) > 0.8 * len(hits)
+
+
+def test_loads_webshop_raw_format_with_real_attribute_file(tmp_path):
+    """A catalogue in WebShop's raw format, with the real items_ins_v2_1000.json."""
+    from gaca_envs.data import shared_data
+    from gaca_envs.webshop.catalog import load_catalog, parse_pricing
+
+    assert parse_pricing("$10.5$20") == ([10.5, 20.0], "$10.5 to $20.0")
+    assert parse_pricing("$1,299.00") == ([1299.0], "$1299.0")
+    assert parse_pricing(None) == ([100.0], "$100.0")
+    attr_path = shared_data("webshop", "items_ins_v2_1000.json")
+    if attr_path is None:
+        pytest.skip("../shared/data/webshop/items_ins_v2_1000.json not present")
+    attributes = json.loads(attr_path.read_text())
+    asins = [a for a, rec in attributes.items() if rec.get("instruction")][:20]
+    raw = [{"asin": a, "name": f"Product {i} {attributes[a]['instruction_attributes'][0]}",
+            "full_description": "desc", "small_description": ["point"],
+            "pricing": "$5.00$9.00" if i % 2 else "$7.50",
+            "customization_options": {"Color": [{"value": "Navy/Blue", "image": None}]},
+            "images": ["img"], "category": "beauty", "query": " Soap ",
+            "product_category": "Beauty › Soap"} for i, a in enumerate(asins)]
+    raw.append(dict(raw[0]))  # duplicate asin: skipped, as WebShop does
+    path = tmp_path / "items_shuffle_test.json"
+    path.write_text(json.dumps(raw))
+    catalog = load_catalog(path, attr_path, seed=3)
+    assert len(catalog.products) == 20
+    p = catalog.products[1]
+    assert p["options"] == {"color": ["navy | blue"]} and p["query"] == "soap"
+    assert p["Attributes"] == attributes[p["asin"]]["attributes"]
+    assert 5.0 <= catalog.prices[p["asin"]] <= 9.0
+    assert load_catalog(path, attr_path, seed=3).prices == catalog.prices  # seeded
+    env = gym.make("gaca/WebShop-v0", catalog=str(path), attributes=str(attr_path),
+                   split="test")
+    env.reset(options={"task_id": 0})
+    for _ in range(15):
+        obs, reward, term, trunc, info = env.step(env.unwrapped.expert_action())
+        if term:
+            break
+    assert term and reward > 0.5
