@@ -53,11 +53,26 @@ class Browser:
 
     def load(self, url: str) -> None:
         self.driver.get(url)
+        self._wait_page()
+
+    def _wait_page(self, before: str | None = None) -> None:
+        """Wait until a new, fully loaded WebShop page is shown."""
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        def ready(d) -> bool:
+            if before is not None and d.current_url == before:
+                return False
+            if d.execute_script("return document.readyState") != "complete":
+                return False
+            return bool(d.execute_script(
+                "return document.getElementById('instruction-text') !== null || "
+                "document.body.innerText.indexOf('Thank you for shopping') >= 0"))
+
+        WebDriverWait(self.driver, self.timeout_s, poll_frequency=0.02).until(ready)
 
     def act(self, action: str) -> None:
         """Perform a (valid) action on the current page and wait for the next one."""
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support.ui import WebDriverWait
 
         before = self.driver.current_url
         name, arg = parse_action(action)  # type: ignore[misc]
@@ -67,9 +82,7 @@ class Browser:
             box.submit()
         else:
             self._element_for(arg).click()
-        WebDriverWait(self.driver, self.timeout_s).until(
-            lambda d: d.current_url != before and
-            d.execute_script("return document.readyState") == "complete")
+        self._wait_page(before)
 
     def _element_for(self, label: str):
         from selenium.webdriver.common.by import By

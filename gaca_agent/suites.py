@@ -1,0 +1,99 @@
+"""Named, versioned evaluation protocols, and side-by-side comparison of their results.
+
+A suite is a list of parts (env id, kwargs, episodes). Results of a suite run carry the
+suite's name and version, so tables made on different days compare like with like.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    env_id: str
+    env_kwargs: dict[str, Any]
+    episodes: str = "all"
+
+
+@dataclass(frozen=True)
+class Suite:
+    version: str
+    description: str
+    parts: tuple[Part, ...]
+
+
+SUITES: dict[str, Suite] = {
+    "alfworld": Suite("1", "ALFWorld valid_seen (140) and valid_unseen (134), every task once",
+                      (Part("valid_seen", "gaca/ALFWorld-v0", {"split": "valid_seen"}),
+                       Part("valid_unseen", "gaca/ALFWorld-v0", {"split": "valid_unseen"}))),
+    "webshop": Suite("1", "WebShop test goals (500) on the bundled generated catalogue",
+                     (Part("test", "gaca/WebShop-v0", {"split": "test"}),)),
+    "diag": Suite("1", "the diagnostic worlds' test tasks (16 each)",
+                  (Part("corridor", "gaca/Diag-Corridor-v0", {"split": "test"}),
+                   Part("slippery", "gaca/Diag-Slippery-v0", {"split": "test"}))),
+}
+
+
+def get_suite(name: str) -> Suite:
+    if name not in SUITES:
+        raise SystemExit(f"unknown suite {name!r}; valid: {sorted(SUITES)}")
+    return SUITES[name]
+
+
+def run_suite(name: str, policy_spec: str, out: Path, **kwargs: Any) -> str:
+    """Evaluate every part into ``out/<part>/``; write ``suite.json`` and ``suite.md``."""
+    from gaca_agent.evaluate import evaluate
+    from gaca_agent.policies import make_policy
+
+    suite = get_suite(name)
+    policy = make_policy(policy_spec, **(kwargs.pop("policy_kwargs", None) or {}))
+    rows = {}
+    for part in suite.parts:
+        res = evaluate(part.env_id, part.env_kwargs, policy_spec, part.episodes,
+                       out / part.name, policy=policy, **kwargs)
+        rows[part.name] = {k: res[k] for k in ("n", "failed", "success_rate", "success_ci95",
+                                               "mean_score", "mean_steps")}
+    table = {"suite": name, "version": suite.version, "policy": policy_spec, "parts": rows}
+    (out / "suite.json").write_text(json.dumps(table, indent=2))
+    md = markdown([table])
+    (out / "suite.md").write_text(md + "\n")
+    return md
+
+
+def _load(path: Path) -> dict[str, Any]:
+    if (path / "suite.json").exists():
+        return json.loads((path / "suite.json").read_text())
+    if (path / "results.json").exists():
+        r = json.loads((path / "results.json").read_text())
+        return {"suite": r["env"], "version": "-", "policy": r["policy"],
+                "parts": {"all": {k: r[k] for k in ("n", "failed", "success_rate",
+                                                    "success_ci95", "mean_score",
+                                                    "mean_steps")}}}
+    raise SystemExit(f"{path} has neither suite.json nor results.json")
+
+
+def markdown(tables: list[dict[str, Any]]) -> str:
+    parts = sorted({p for t in tables for p in t["parts"]})
+    head = "| policy | suite | " + " | ".join(f"{p} success (95% CI) / score" for p in parts) + " |"
+    lines = [head, "|---|---|" + "---|" * len(parts)]
+    for t in tables:
+        cells = []
+        for p in parts:
+            r = t["parts"].get(p)
+            cells.append("-" if r is None else
+                         f"{r['success_rate']:.3f} ({r['success_ci95'][0]:.2f}-"
+                         f"{r['success_ci95'][1]:.2f}) / {r['mean_score']:.3f}, n={r['n']}")
+        lines.append(f"| {t['policy']} | {t['suite']} v{t['version']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compare(paths: list[Path]) -> str:
+    tables = [_load(p) for p in paths]
+    versions = {(t["suite"], t["version"]) for t in tables}
+    note = "" if len(versions) <= 1 else "\n(note: different suites or versions side by side)"
+    return markdown(tables) + note

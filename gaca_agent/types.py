@@ -1,0 +1,44 @@
+"""Records exchanged between environments, policies and the collector."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a policy sees for one live environment at one step.
+
+    ``history`` holds the previous (observation, action) pairs of the episode, oldest
+    first; the prompt builder decides how many to show. ``expert_action`` is filled only
+    for policies that ask for it (``Policy.needs_expert``).
+    """
+
+    env_id: str
+    task: str
+    observation: str
+    admissible_actions: tuple[str, ...]
+    history: tuple[tuple[str, str], ...] = ()
+    step: int = 0
+    expert_action: str | None = None
+    family: str = "generic"
+
+
+@dataclass
+class ActionOutput:
+    """A policy's answer for one turn.
+
+    ``text`` is the raw response, ``action`` the parsed action sent to the environment,
+    ``format_valid`` whether the response had a parsable action. Trainable policies also
+    fill token ids and the per-token log-probabilities of the sampled completion.
+    """
+
+    text: str
+    action: str
+    format_valid: bool = True
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    entropies: list[float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
