@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gaca_agent.results import episode_record, read_episodes, summarize
+from gaca_agent.results import drop_partial_line, episode_record, read_episodes, summarize
 
 
 def parse_kv(items: list[str] | None) -> dict[str, Any]:
@@ -78,6 +78,7 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
             raise SystemExit(f"{out} holds another evaluation ({previous}); use a new --out")
     config_path.write_text(json.dumps(meta, indent=2))
     episodes_path = out / "episodes.jsonl"
+    drop_partial_line(episodes_path)
     records = read_episodes(episodes_path)
     todo = [(i, task) for i, task in enumerate(plan(episodes, num_tasks_of(env_id, env_kwargs),
                                                      seed))

@@ -46,6 +46,15 @@ def read_episodes(path: Path) -> dict[int, dict[str, Any]]:
     return records
 
 
+def drop_partial_line(path: Path) -> None:
+    """Cut a last line left unfinished by a kill during a write, so appends stay valid."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 def wilson(successes: float, n: int) -> tuple[float, float]:
     """95% Wilson score interval of a success rate."""
     if n == 0:
