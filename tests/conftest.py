@@ -63,3 +63,13 @@ def tiny_textworld_game(tmp_path_factory):
     options.path = str(tmp_path_factory.mktemp("tw") / "tiny.z8")
     options.force_recompile = True
     return generator.compile_game(generator.make_game(options), options)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """The tiny random Llama model with its in-process-trained tokenizer."""
+    if not (has_module("torch") and has_module("transformers")):
+        pytest.skip("torch/transformers not installed (pip install -e '.[train]')")
+    from gaca_agent.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
