@@ -23,7 +23,7 @@ def corpus() -> list[str]:
     from gaca_envs.diag.env import build_world
 
     texts = [p.read_text() for p in sorted(TEMPLATE_DIR.glob("*.txt"))]
-    for world in ("corridor", "slippery"):
+    for world in ("corridor", "signs", "slippery"):
         for k in range(64):
             mdp = build_world(world, k)
             texts.append(mdp.task)

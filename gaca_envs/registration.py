@@ -30,6 +30,8 @@ SPECS: tuple[EnvSpec, ...] = (
             requires=("bm25s", "Stemmer", "thefuzz", "spacy", "selenium", "flask", "bs4")),
     EnvSpec("gaca/Diag-Corridor-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "corridor"}),
+    EnvSpec("gaca/Diag-Signs-v0", "gaca_envs.diag.env:DiagEnv", 40,
+            kwargs={"world": "signs"}),
     EnvSpec("gaca/Diag-Slippery-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "slippery"}),
 )

@@ -1,6 +1,6 @@
 """``hf:PATH``: a local transformers causal LM, sampled in one batch across live envs.
 
-Sampling uses only temperature (``top_k=0``, ``top_p=1.0``), so the per-token
+Sampling uses only temperature (no top-k, no top-p), so the per-token
 log-probabilities recorded from the sampling distribution equal those of a
 teacher-forced pass with the same temperature. Tokens after the first end-of-sequence
 token are dropped. ``temperature=0`` decodes greedily and records temperature-1
@@ -77,14 +77,19 @@ class HFPolicy:
                              add_special_tokens=False, truncation=self.max_prompt_tokens is not None,
                              max_length=self.max_prompt_tokens).to(self.device)
         greedy = self.temperature <= 0
-        kwargs = dict(do_sample=not greedy, max_new_tokens=self.max_new_tokens,
-                      output_scores=True, return_dict_in_generate=True,
-                      pad_token_id=self.tokenizer.pad_token_id, top_k=0, top_p=1.0)
-        if not greedy:
-            kwargs["temperature"] = self.temperature
+        # A fresh generation config: a model's own (Qwen2.5 ships top_k=20, top_p=0.8)
+        # would filter the sampling distribution and break exact log-probs.
+        from transformers import GenerationConfig
+
+        # top_k must be 0 (not None, which means the default top-k of 50) to disable it.
+        gen_config = GenerationConfig(
+            do_sample=not greedy, temperature=None if greedy else self.temperature,
+            top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens,
+            eos_token_id=sorted(self.eos_ids()), pad_token_id=self.tokenizer.pad_token_id,
+            output_scores=True, return_dict_in_generate=True)
         self.model.eval()
         with torch.no_grad():
-            gen = self.model.generate(**enc, **kwargs)
+            gen = self.model.generate(**enc, generation_config=gen_config)
         new = gen.sequences[:, enc["input_ids"].shape[1]:]
         logp = torch.stack(gen.scores, dim=1).float().log_softmax(-1)  # (B, T, V)
         token_lp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)

@@ -49,6 +49,34 @@ def corridor(index: int, length: int = 12, junctions: int = 3) -> TabularMDP:
                       tuple(outcomes))
 
 
+def signs(index: int, length: int = 10, junctions: int = 3) -> TabularMDP:
+    """The corridor with its cue in the observation: at each junction a sign names the
+    door that leads on ("A sign points to the left door."). The decision is still pivotal
+    (the other door is a dead end), but a policy can read it off the page, so what is
+    learned on training tasks carries over to held-out ones. The CPU demo's world.
+    """
+    rng = _rng("signs", index)
+    doors = set(rng.choice(np.arange(1, length), size=junctions, replace=False).tolist())
+    states, observations, actions, outcomes = [], [], [], []
+    for i in range(length):
+        advance = (Outcome(1.0, i + 1, 0.0, False) if i + 1 < length
+                   else Outcome(1.0, i, 1.0, True))
+        where = f"Corridor, segment {i + 1} of {length}."
+        states.append(f"segment-{i}")
+        if i in doors:
+            side = ("left", "right")[int(rng.integers(2))]
+            observations.append(f"{where} Two doors. A sign points to the {side} door.")
+            actions.append(("open the left door", "open the right door"))
+            dead = Outcome(1.0, i, 0.0, True)
+            outcomes.append(tuple((advance,) if s == side else (dead,) for s in ("left", "right")))
+        else:
+            observations.append(f"{where} The passage continues ahead.")
+            actions.append((WALK, REST))
+            outcomes.append(((advance,), (Outcome(1.0, i, 0.0, False),)))
+    return TabularMDP("signs", "Reach the exit. At each door, follow the sign.", tuple(states),
+                      tuple(observations), tuple(actions), tuple(outcomes))
+
+
 def slippery(index: int) -> TabularMDP:
     """A river crossing with stochastic transitions.
 
@@ -86,4 +114,4 @@ def slippery(index: int) -> TabularMDP:
                       tuple(outcomes))
 
 
-WORLDS = {"corridor": corridor, "slippery": slippery}
+WORLDS = {"corridor": corridor, "signs": signs, "slippery": slippery}

@@ -1,0 +1,85 @@
+"""Policy-loss maths as small pure functions over tensors and masks.
+
+Shapes: B sequences x T completion tokens. ``mask`` is 1 on a step's response tokens
+(0 on padding and on tokens after the first EOS); ``adv`` is (B,) and broadcast to the
+tokens of its sequence (a step's advantage covers its whole response).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Agg = Literal["token-mean", "seq-mean-token-mean"]
+KLKind = Literal["low_var_kl", "k1", "k2"]
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+                   ) -> torch.Tensor:
+    """log p(ids) under softmax(logits / T): (B, T, V), (B, T) -> (B, T)."""
+    t = temperature if temperature > 0 else 1.0
+    logp = (logits.float() / t).log_softmax(-1)
+    return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token entropy of softmax(logits / T): (B, T, V) -> (B, T)."""
+    t = temperature if temperature > 0 else 1.0
+    logp = (logits.float() / t).log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Agg,
+              denominator: float | None = None) -> torch.Tensor:
+    """Reduce per-token values to a scalar.
+
+    ``token-mean``: sum over all tokens / number of tokens; ``seq-mean-token-mean``: the
+    mean over sequences of each sequence's token mean. ``denominator`` replaces the local
+    count (tokens, or sequences) so that micro-batches sum to the full batch's value.
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        total = (values * mask).sum()
+        return total / (denominator if denominator is not None else mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        n = denominator if denominator is not None else max(values.shape[0], 1)
+        return per_seq.sum() / n
+    raise ValueError(f"loss aggregation must be token-mean or seq-mean-token-mean, got {mode!r}")
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                  mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
+                  agg: Agg = "token-mean", denominator: float | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate with separate low/high clip (DAPO's clip-higher).
+
+    L = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp - old_logp).
+    Returns (loss, fraction of response tokens where the clip was active).
+    """
+    a = adv.unsqueeze(-1).to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
+    per_token = -torch.minimum(unclipped, clipped)
+    clip_frac = ((clipped < unclipped).to(logp.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return aggregate(per_token, mask, agg, denominator), clip_frac.detach()
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_var_kl"
+               ) -> torch.Tensor:
+    """Per-token KL estimate to the reference policy.
+
+    ``k1``: logp - ref; ``k2``: (logp - ref)^2 / 2; ``low_var_kl`` (k3, Schulman):
+    exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10] as verl does.
+    """
+    diff = logp - ref_logp
+    if kind == "k1":
+        return diff
+    if kind == "k2":
+        return 0.5 * diff.pow(2)
+    if kind == "low_var_kl":
+        neg = -diff
+        return torch.clamp(torch.exp(neg) - neg - 1.0, -10.0, 10.0)
+    raise ValueError(f"kl kind must be low_var_kl, k1 or k2, got {kind!r}")
