@@ -296,11 +296,28 @@ def _warmup(cfg, learner, tokenizer, collector, acc, log, eval_policy, n_eval) -
     log.log(-1, metrics)
 
 
+def param_digest(model) -> str:
+    """A hash of the trainable parameters (equal on every rank when DDP is in sync)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _finish(cfg, learner, run_dir: Path, eval_policy, acc) -> None:
+    from accelerate.utils import gather_object
+
     from gaca_agent.evaluate import evaluate
 
     learner.save(run_dir / "final")
+    digests = gather_object([param_digest(learner.unwrapped)])
     if acc.is_main_process:
+        write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
+            {"digests": digests, "in_sync": len(set(digests)) == 1}))
         evaluate(cfg.env.id, dict(cfg.env.eval_kwargs), "trained", cfg.env.eval_episodes,
                  run_dir / "final_eval", seed=10_000, policy=eval_policy, progress=False,
                  history_length=cfg.env.history_length)

@@ -49,7 +49,7 @@ def corridor(index: int, length: int = 12, junctions: int = 3) -> TabularMDP:
                       tuple(outcomes))
 
 
-def signs(index: int, length: int = 10, junctions: int = 3) -> TabularMDP:
+def signs(index: int, length: int = 8, junctions: int = 2) -> TabularMDP:
     """The corridor with its cue in the observation: at each junction a sign names the
     door that leads on ("A sign points to the left door."). The decision is still pivotal
     (the other door is a dead end), but a policy can read it off the page, so what is

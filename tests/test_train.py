@@ -1,0 +1,105 @@
+"""gaca-train end to end: run directory, resume after a kill, 2-process DDP, the default."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["iterations=3", "eval_every=0", "checkpoint_every=1", "env.groups=2",
+         "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=5",
+         "warmup.bc_episodes=4", "model.max_new_tokens=6", "learner.kl_coef=0.01",
+         "learner.micro_batch_size=8"]
+
+
+def env_vars():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_train(args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "gaca_agent.train", "--no-progress", *args],
+                          cwd=cwd, env=env_vars(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["iteration"]: {k: v for k, v in r.items() if not k.startswith("perf/")}
+            for r in rows}
+
+
+def test_config_errors_list_valid_keys(tmp_path):
+    from gaca_agent.config import load_config
+
+    with pytest.raises(ValueError, match="unknown key.*'lerner'.*valid: .*'learner'"):
+        load_config(None, ["lerner.lr=1"])
+    with pytest.raises(ValueError, match="valid: .*'clip_high'"):
+        load_config(None, ["learner.clip=0.3"])
+    with pytest.raises(KeyError, match="unknown estimator"):
+        load_config(None, ["algo.estimator=gipo"])
+    cfg = load_config(ROOT / "configs" / "default.yaml", ["algo.estimator=gigpo",
+                                                          "algo.params={omega: 0.5}"])
+    assert cfg.algo.estimator == "gigpo" and cfg.algo.params == {"omega": 0.5}
+    bad = run_train(["--config", str(ROOT / "configs" / "default.yaml"), "env.grups=2"],
+                    tmp_path)
+    assert bad.returncode != 0 and "valid:" in bad.stderr
+
+
+def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
+    base = ["--config", str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}", *SMALL]
+    full = run_train([*base, "name=full"], tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    full_dir = tmp_path / "full"
+    for name in ("config.yaml", "metrics.jsonl", "final/model/config.json",
+                 "final_eval/results.json", "final_eval/report.html", "curves.png"):
+        assert (full_dir / name).exists(), name
+    assert list((full_dir / "tensorboard").glob("events.*"))
+    # the same run, killed once its iteration-1 checkpoint is in place
+    proc = subprocess.Popen([sys.executable, "-m", "gaca_agent.train", "--no-progress", *base,
+                             "name=killed"], cwd=tmp_path, env=env_vars(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = tmp_path / "killed" / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and latest.read_text().strip() == "iter-00001":
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert latest.read_text().strip() in ("iter-00001", "iter-00002")
+    resumed = run_train(["--resume", str(tmp_path / "killed")], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = metrics(full_dir), metrics(tmp_path / "killed")
+    assert sorted(a) == sorted(b) == [-1, 0, 1, 2]
+    for key, value in a[2].items():
+        if isinstance(value, float):
+            assert b[2][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")
+def test_two_process_ddp_keeps_ranks_identical(tmp_path):
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "gaca_agent.train", "--no-progress", "--config",
+           str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}", "name=ddp",
+           *SMALL, "iterations=2", "env.groups=4"]
+    run = subprocess.run(cmd, cwd=tmp_path, env={**env_vars(), "ACCELERATE_USE_CPU": "1"},
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    digests = json.loads((tmp_path / "ddp" / "final" / "rank_digests.json").read_text())
+    assert len(digests["digests"]) == 2 and digests["in_sync"]
+    rows = metrics(tmp_path / "ddp")
+    assert sorted(rows) == [-1, 0, 1]
+    assert rows[1]["rollout/success"] >= 0 and rows[1]["train/tokens"] > 0
