@@ -61,7 +61,7 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
     model.eval()
     return {"warmup/first_loss": losses[0] if losses else 0.0,
             "warmup/last_loss": float(np.mean(losses[-10:])) if losses else 0.0,

@@ -33,8 +33,9 @@ class DiagEnv(TextEnv):
     ``world="corridor"`` (``gaca/Diag-Corridor-v0``): a 12-segment corridor whose routine
     segments offer ``walk forward`` / ``rest`` and whose three pivotal junctions offer two
     coloured doors; only the task's colour leads on. ``world="signs"``
-    (``gaca/Diag-Signs-v0``): an 8-segment corridor whose junction observations name the
-    door that leads on (learnable from the page; the CPU demo's world). ``world="slippery"``
+    (``gaca/Diag-Signs-v0``): an 8-segment corridor with two junctions where the agent
+    must open the door a sign shows (the same rule on every task; the CPU demo's world).
+    ``world="slippery"``
     (``gaca/Diag-Slippery-v0``): a river crossing by a short bridge that can be slipped off
     (stochastic) or a long safe path. See ``gaca_envs.diag.worlds`` for the exact rules.
 

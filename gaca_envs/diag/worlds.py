@@ -8,6 +8,7 @@ from gaca_envs.diag.mdp import Outcome, TabularMDP
 
 COLOURS = ("red", "blue", "green", "yellow")
 WALK, REST = "walk forward", "rest"
+FOLLOW, OTHER = "open the door the sign shows", "open the other door"
 
 
 def _rng(world: str, index: int) -> np.random.Generator:
@@ -50,29 +51,45 @@ def corridor(index: int, length: int = 12, junctions: int = 3) -> TabularMDP:
 
 
 def signs(index: int, length: int = 8, junctions: int = 2) -> TabularMDP:
-    """The corridor with its cue in the observation: at each junction a sign names the
-    door that leads on ("A sign points to the left door."). The decision is still pivotal
-    (the other door is a dead end), but a policy can read it off the page, so what is
-    learned on training tasks carries over to held-out ones. The CPU demo's world.
+    """A corridor whose junctions carry a sign to the door that leads on.
+
+    Routine segments offer ``walk forward`` / ``rest``; at each junction (positions set by
+    the task; the sign's side drawn when the agent walks up, probability 1/2 each) the
+    agent chooses ``open the door the sign shows`` (advance) or ``open the other door``
+    (dead end, reward 0). Reaching the exit gives 1. The same rule holds on every task,
+    so what a policy learns on training tasks carries over to held-out ones: the CPU
+    demo's world (the tiny model learns it in minutes; ``corridor``'s colour matching is
+    the harder variant).
     """
     rng = _rng("signs", index)
     doors = set(rng.choice(np.arange(1, length), size=junctions, replace=False).tolist())
     states, observations, actions, outcomes = [], [], [], []
+    ids: dict[tuple[int, str], int] = {}
     for i in range(length):
-        advance = (Outcome(1.0, i + 1, 0.0, False) if i + 1 < length
-                   else Outcome(1.0, i, 1.0, True))
-        where = f"Corridor, segment {i + 1} of {length}."
-        states.append(f"segment-{i}")
+        for side in (("left", "right") if i in doors else ("",)):
+            ids[(i, side)] = len(ids)
+
+    def enter(i: int, reward: float = 0.0) -> tuple[Outcome, ...]:
+        if i >= length:
+            return (Outcome(1.0, ids[(length - 1, "")] if (length - 1, "") in ids else 0,
+                            1.0, True),)
         if i in doors:
-            side = ("left", "right")[int(rng.integers(2))]
+            return (Outcome(0.5, ids[(i, "left")], reward, False),
+                    Outcome(0.5, ids[(i, "right")], reward, False))
+        return (Outcome(1.0, ids[(i, "")], reward, False),)
+
+    for (i, side), s in ids.items():
+        where = f"Corridor, segment {i + 1} of {length}."
+        if side:
+            states.append(f"segment-{i}-{side}")
             observations.append(f"{where} Two doors. A sign points to the {side} door.")
-            actions.append(("open the left door", "open the right door"))
-            dead = Outcome(1.0, i, 0.0, True)
-            outcomes.append(tuple((advance,) if s == side else (dead,) for s in ("left", "right")))
+            actions.append((FOLLOW, OTHER))
+            outcomes.append((enter(i + 1), (Outcome(1.0, s, 0.0, True),)))
         else:
+            states.append(f"segment-{i}")
             observations.append(f"{where} The passage continues ahead.")
             actions.append((WALK, REST))
-            outcomes.append(((advance,), (Outcome(1.0, i, 0.0, False),)))
+            outcomes.append((enter(i + 1), (Outcome(1.0, s, 0.0, False),)))
     return TabularMDP("signs", "Reach the exit. At each door, follow the sign.", tuple(states),
                       tuple(observations), tuple(actions), tuple(outcomes))
 
