@@ -103,3 +103,15 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path):
     rows = metrics(tmp_path / "ddp")
     assert sorted(rows) == [-1, 0, 1]
     assert rows[1]["rollout/success"] >= 0 and rows[1]["train/tokens"] > 0
+
+
+def test_default_config_beats_its_warm_up_on_held_out_tasks(tmp_path):
+    """The embedded default, as shipped (iteration-bounded, not timed)."""
+    run = run_train(["--config", str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}",
+                     "checkpoint_every=0"], tmp_path, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = metrics(tmp_path / "default")
+    warm = rows[-1]["eval/success"]
+    final = rows[max(rows)]["eval/success"]
+    assert final >= warm + 0.3, (warm, final)
+    assert rows[max(rows)]["rollout/format_invalid"] < 0.2

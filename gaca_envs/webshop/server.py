@@ -51,25 +51,11 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
     def get_session(sid: str) -> dict[str, Any] | None:
         return sessions.get(sid) if _SESSION_RE.match(sid) else None
 
-    @app.errorhandler(404)
-    def not_found(_err):
-        return text("not found", 404)
-
-    @app.errorhandler(400)
-    def bad_request(_err):
-        return text("bad request", 400)
-
-    @app.errorhandler(405)
-    def bad_method(_err):
-        return text("method not allowed", 405)
-
-    @app.errorhandler(413)
-    def too_large(_err):
-        return text("request too large", 413)
-
-    @app.errorhandler(Exception)
-    def failure(_err):
-        return text("internal error", 500)
+    for code, message in ((400, "bad request"), (404, "not found"),
+                          (405, "method not allowed"), (413, "request too large"),
+                          (Exception, "internal error")):
+        status = 500 if code is Exception else code
+        app.register_error_handler(code, lambda _err, m=message, c=status: text(m, c))
 
     @app.get("/")
     def home():
