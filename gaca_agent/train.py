@@ -215,7 +215,8 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
             load_adapter(learner, ckpt[1])
         learner.load_state(ckpt[1])
         start = ckpt[0] + 1
-    log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else None)
+    # resuming a run killed before its first checkpoint starts over: drop its metrics
+    log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None))
     m = cfg.model
     policy = HFPolicy(learner.unwrapped, tokenizer, m.temperature, m.max_new_tokens,
                       cfg.env.history_length, cfg.env.template_file, device=acc.device,
