@@ -36,7 +36,7 @@ def is_loopback(host: str) -> bool:
 
 def create_app(world: World, split: str = "test", show_attrs: bool = False):
     """The Flask app over ``world``'s goals of ``split``."""
-    from flask import Flask, Response, jsonify, redirect, request
+    from flask import Flask, Response, abort, jsonify, redirect, request
 
     app = Flask("gaca_webshop")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
@@ -48,8 +48,12 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
     def text(body: str, status: int) -> Response:
         return Response(body + "\n", status=status, mimetype="text/plain")
 
-    def get_session(sid: str) -> dict[str, Any] | None:
-        return sessions.get(sid) if _SESSION_RE.match(sid) else None
+    def get_session(sid: str) -> dict[str, Any]:
+        """The session's entry, or a 404 answer."""
+        entry = sessions.get(sid) if _SESSION_RE.match(sid) else None
+        if entry is None:
+            abort(404)
+        return entry
 
     for code, message in ((400, "bad request"), (404, "not found"),
                           (405, "method not allowed"), (413, "request too large"),
@@ -76,15 +80,11 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
     @app.get("/s/<sid>")
     def page(sid: str):
         entry = get_session(sid)
-        if entry is None:
-            return text("unknown session", 404)
         return Response(render_html(entry["session"], sid), mimetype="text/html")
 
     @app.route("/act/<sid>", methods=["GET", "POST"])
     def act(sid: str):
         entry = get_session(sid)
-        if entry is None:
-            return text("unknown session", 404)
         query = request.values.get("search_query")
         action = f"search[{query}]" if query is not None else request.values.get("action", "")
         action = " ".join(action.split()).lower()
@@ -100,8 +100,6 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
     @app.get("/state/<sid>")
     def state(sid: str):
         entry = get_session(sid)
-        if entry is None:
-            return text("unknown session", 404)
         s: Session = entry["session"]
         return jsonify(page=s.page.kind, state_key=s.page.key(), score=s.score,
                        version=entry["version"], admissible=list(s.admissible()))
