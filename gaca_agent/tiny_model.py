@@ -52,6 +52,32 @@ def build_tokenizer(vocab_size: int = 800):
     return fast
 
 
+TINY_VERSION = "1"
+
+
+def cached_tiny_model(seed: int = 0) -> Path:
+    """The tiny model of ``seed``, built once into the cache (``$GACA_CACHE/tiny``);
+    concurrent builders race safely (build in a temporary folder, then rename)."""
+    import os
+    import shutil
+    import tempfile
+
+    from gaca_envs.data import cache_dir
+
+    root = cache_dir("tiny")
+    path = root / f"v{TINY_VERSION}-seed{seed}"
+    if (path / "config.json").exists():
+        return path
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    build_tiny_model(tmp / "model", seed=seed)
+    try:
+        os.replace(tmp / "model", path)
+    except OSError:  # another process finished first
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def build_tiny_model(path: str | Path, seed: int = 0, hidden_size: int = 64,
                      layers: int = 2) -> Path:
     """Save a tiny random model and its tokenizer at ``path``; returns the path.

@@ -134,6 +134,30 @@ def build_samples(episodes, index, adv, mine: set[int]):
     return samples
 
 
+def write_train_report(run_dir: Path, cfg: TrainConfig, iteration: int, episodes, index,
+                       adv, weight) -> None:
+    """``train_episodes.jsonl`` and ``train_report.html``: an iteration's rollouts with each
+    step's advantage and step-level weight (GACA's w_t), shown as colours."""
+    from gaca_agent.report import render_report
+    from gaca_agent.results import episode_record, summarize
+
+    per_step = {(e, t): (float(a), float(w)) for (e, t), a, w in zip(index, adv, weight)}
+    records = []
+    for e, ep in enumerate(episodes):
+        record = episode_record(e, ep)
+        for step in record["trajectory"]:
+            if (e, step["t"]) in per_step:
+                step["advantage"], step["weight"] = per_step[(e, step["t"])]
+        records.append(record)
+    with open(run_dir / "train_episodes.jsonl", "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    meta = {"env": cfg.env.id, "policy": f"{cfg.name} (iteration {iteration}, "
+                                         f"{cfg.algo.estimator})"}
+    (run_dir / "train_report.html").write_text(render_report(
+        summarize(records, meta), records, f"{cfg.name}: training rollouts, iteration {iteration}"))
+
+
 def held_out_success(policy, cfg: TrainConfig, num_tasks: int) -> dict[str, float]:
     from gaca_agent.collector import Collector, CollectorConfig
 
@@ -161,13 +185,12 @@ def num_tasks_of(env_id: str, kwargs: dict) -> int:
 
 def resolve_model(cfg: TrainConfig, run_dir: Path, accelerator) -> str:
     if cfg.model.path == "tiny":
-        path = run_dir / "init_model"
-        if accelerator.is_main_process and not (path / "config.json").exists():
-            from gaca_agent.tiny_model import build_tiny_model
+        from gaca_agent.tiny_model import cached_tiny_model
 
-            build_tiny_model(path, seed=cfg.seed)
+        if accelerator.is_main_process:
+            cached_tiny_model(cfg.seed)
         accelerator.wait_for_everyone()
-        return str(path)
+        return str(cached_tiny_model(cfg.seed))
     if cfg.model.path == "smollm2":
         from gaca_agent.policies.smollm2 import smollm2_path
 
@@ -248,7 +271,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
             t_collect = time.perf_counter() - t0
             episodes = sorted(gather_object(local), key=lambda e: e.traj)
             batch, index = to_step_batch(episodes)
-            adv, diag = compute(cfg.algo.estimator, batch, **cfg.algo.params)
+            adv, diag, rows = compute(cfg.algo.estimator, batch, details=True, **cfg.algo.params)
             samples = build_samples(episodes, index, adv, {e.traj for e in local})
             t1 = time.perf_counter()
             metrics = learner.update(samples)
@@ -266,6 +289,8 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
             log.log(it, metrics)
             bar.set_postfix(success=f"{metrics['rollout/success']:.2f}",
                             eval=f"{metrics.get('eval/success', float('nan')):.2f}")
+            if it + 1 == cfg.iterations and acc.is_main_process:
+                write_train_report(run_dir, cfg, it, episodes, index, adv, rows["weight"])
             if cfg.checkpoint_every and ((it + 1) % cfg.checkpoint_every == 0
                                          or it + 1 == cfg.iterations):
                 save_checkpoint(learner, run_dir, it, cfg.keep_checkpoints)

@@ -32,6 +32,8 @@ SPECS: tuple[EnvSpec, ...] = (
             kwargs={"world": "corridor"}),
     EnvSpec("gaca/Diag-Signs-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "signs"}),
+    EnvSpec("gaca/Diag-SignsLong-v0", "gaca_envs.diag.env:DiagEnv", 60,
+            kwargs={"world": "signs_long"}),
     EnvSpec("gaca/Diag-Slippery-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "slippery"}),
 )

@@ -238,3 +238,16 @@ def test_similarity_grouping_merges_near_identical_observations():
     if all(len(v) == 1 for v in texts_per_state.values()) and \
             len(texts_per_state) == len({r["state"] for r in rows}):
         np.testing.assert_allclose(same, exact)
+
+
+def test_details_give_per_row_weights_and_step_advantages():
+    rows = random_rows(np.random.default_rng(5), 2, 4, 5, 3, 2)
+    batch = to_batch(rows)
+    adv, diag, extra = compute("gaca", batch, details=True, kappa=0.5)
+    a_e, _ = compute("grpo", batch)
+    np.testing.assert_allclose(adv, a_e + extra["weight"] * extra["step_adv"], atol=1e-12)
+    assert diag["weight_mean"] == pytest.approx(extra["weight"].mean())
+    _, _, gig = compute("gigpo", batch, details=True, omega=0.7)
+    assert np.all(gig["weight"] == 0.7)
+    _, _, grpo = compute("grpo", batch, details=True)
+    assert not grpo["weight"].any() and not grpo["step_adv"].any()

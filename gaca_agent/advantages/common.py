@@ -103,7 +103,9 @@ def diagnostics(p: Prepared, anchor: np.ndarray | None = None,
     ``singleton_frac``: rows in anchor groups of one; ``anchor_group_size``: mean size of
     the anchor groups; ``weight_mean``/``weight_std``: the step-level weight w_t;
     ``weight_step_corr``: correlation of w_t with |A^S_t|; ``zero_variance_groups``:
-    fraction of task groups whose trajectories all have the same return.
+    fraction of task groups whose trajectories all have the same return. The per-row
+    arrays ``row/weight`` and ``row/step_adv`` ride along for reports (``compute(...,
+    details=True)`` returns them; plain ``compute`` keeps only the floats).
     """
     if p.n == 0:
         return dict.fromkeys(("singleton_frac", "anchor_group_size", "weight_mean",
@@ -114,6 +116,8 @@ def diagnostics(p: Prepared, anchor: np.ndarray | None = None,
     step_adv = np.zeros(p.n) if step_adv is None else step_adv
     spread = segment_std(p.episode_return, p.traj_group, ddof=0)
     return {
+        "row/weight": np.asarray(weight, dtype=np.float64),
+        "row/step_adv": np.asarray(step_adv, dtype=np.float64),
         "singleton_frac": float(np.mean(size[anchor] == 1)),
         "anchor_group_size": float(size.mean()),
         "weight_mean": float(weight.mean()),

@@ -70,10 +70,21 @@ def make_config(name: str, **params: Any):
     return entry.config(**params)
 
 
-def compute(name: str, batch: StepBatch | Prepared, **params: Any
-            ) -> tuple[np.ndarray, dict[str, float]]:
-    """Advantages (one float per step row, in the rows' order) and diagnostics."""
+def compute(name: str, batch: StepBatch | Prepared, details: bool = False, **params: Any):
+    """Advantages (one float per step row, in the rows' order) and diagnostics.
+
+    With ``details=True`` a third value maps ``weight`` and ``step_adv`` to per-row arrays
+    (the step-level weight w_t and A^S_t; zeros for episode-level estimators).
+    """
     config = make_config(name, **params)
     prepared = batch if isinstance(batch, Prepared) else prepare(batch)
-    adv, diag = get(name).fn(prepared, config)
-    return np.asarray(adv, dtype=np.float64), {k: float(v) for k, v in diag.items()}
+    adv, raw = get(name).fn(prepared, config)
+    diag = {k: float(v) for k, v in raw.items() if not k.startswith("row/")}
+    adv = np.asarray(adv, dtype=np.float64)
+    if not details:
+        return adv, diag
+    rows = {k[4:]: np.broadcast_to(np.asarray(v, dtype=np.float64), adv.shape).copy()
+            for k, v in raw.items() if k.startswith("row/")}
+    rows.setdefault("weight", np.zeros_like(adv))
+    rows.setdefault("step_adv", np.zeros_like(adv))
+    return adv, diag, rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gaca_envs.diag.mdp import Outcome, TabularMDP
@@ -131,4 +133,11 @@ def slippery(index: int) -> TabularMDP:
                       tuple(outcomes))
 
 
-WORLDS = {"corridor": corridor, "signs": signs, "slippery": slippery}
+def signs_long(index: int) -> TabularMDP:
+    """``signs`` made harder: 14 segments with 4 junctions (random play wins 1 in 16),
+    so success is rarer and the routine stretches longer."""
+    return replace(signs(index, length=14, junctions=4), name="signs_long")
+
+
+WORLDS = {"corridor": corridor, "signs": signs, "signs_long": signs_long,
+          "slippery": slippery}

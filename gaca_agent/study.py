@@ -1,0 +1,258 @@
+"""``gaca-study``: GRPO vs GiGPO vs GACA (and peers) on the diagnostic worlds, with seeds.
+
+    gaca-study --preset full --out runs/study --jobs 2     # scripts/study.sh runs this
+    gaca-study --preset ci --out /tmp/study                # the reduced version CI runs
+
+Every run is ``gaca-train`` on ``configs/default.yaml`` with one estimator, one seed and
+the preset's budget (identical for all runs; the held-out tasks and their seeds are
+fixed). Runs that already finished are skipped, so a stopped study resumes. Then the
+runs are aggregated: held-out success per evaluation point (mean and 95% t-interval over
+seeds), a final table (Markdown and JSON), PNG learning curves with shaded intervals, and
+the estimators' diagnostics over training (singleton fraction, weight spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_CONFIG = ROOT / "configs" / "default.yaml"
+
+ESTIMATORS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    # label: (estimator, params, extra overrides)
+    "grpo": ("grpo", {}, []),
+    "gigpo": ("gigpo", {"gamma": 0.95, "omega": 1.0}, []),
+    "gaca": ("gaca", {"gamma": 0.95, "omega": 1.0, "kappa": 0.25, "form": "linear"}, []),
+    "adastep": ("adastep", {"gamma": 0.95}, []),
+    "pgpo": ("pgpo", {"gamma": 0.95}, []),
+    "empg": ("empg", {}, []),
+}
+ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    "gaca-sigmoid": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "sigmoid"}, []),
+    "gaca-convex": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "convex"}, []),
+    "gaca-k0.1": ("gaca", {"gamma": 0.95, "kappa": 0.1}, []),
+    "gaca-k0.5": ("gaca", {"gamma": 0.95, "kappa": 0.5}, []),
+    "gaca-nll-action": ("gaca", {"gamma": 0.95, "kappa": 0.25}, ["env.nll_span=action"]),
+}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228}
+
+
+@dataclass(frozen=True)
+class Preset:
+    envs: tuple[tuple[str, str], ...]
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...]
+    ablation_envs: tuple[str, ...] = ()
+    labels: tuple[str, ...] = tuple(ESTIMATORS)
+
+
+PRESETS = {
+    "full": Preset(envs=(("signs", "gaca/Diag-Signs-v0"), ("signs-long", "gaca/Diag-SignsLong-v0")),
+                   seeds=(0, 1, 2),
+                   overrides=("iterations=8", "eval_every=2", "env.groups=4", "env.group_size=8",
+                              "env.eval_episodes='32'", "checkpoint_every=0"),
+                   ablation_envs=("signs",)),
+    "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
+                 overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
+                            "env.eval_episodes='4'", "checkpoint_every=0", "warmup.bc_steps=5",
+                            "warmup.bc_episodes=4", "model.max_new_tokens=16")),
+}
+
+
+@dataclass
+class Run:
+    env_label: str
+    env_id: str
+    label: str
+    seed: int
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_label}__{self.label}__s{self.seed}"
+
+
+def plan(preset: Preset) -> list[Run]:
+    runs = []
+    for env_label, env_id in preset.envs:
+        table = dict(ESTIMATORS)
+        if env_label in preset.ablation_envs:
+            table.update(ABLATIONS)
+        for label, (estimator, params, extra) in table.items():
+            for seed in preset.seeds:
+                runs.append(Run(env_label, env_id, label, seed, [
+                    f"env.id={env_id}", f"algo.estimator={estimator}",
+                    f"algo.params={json.dumps(params)}", f"seed={seed}",
+                    *preset.overrides, *extra]))
+    return runs
+
+
+def execute(run: Run, out: Path) -> tuple[Run, bool, str]:
+    run_dir = out / "runs" / run.name
+    if (run_dir / "final_eval" / "results.json").exists():
+        return run, True, "skipped (finished)"
+    if run_dir.exists():  # an unfinished run of an earlier, stopped study: start it over
+        import shutil
+
+        shutil.rmtree(run_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "gaca_agent.train", "--no-progress", "--config",
+           str(BASE_CONFIG), f"out_dir={out / 'runs'}", f"name={run.name}", *run.overrides]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    ok = done.returncode == 0
+    if not ok:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / "logs" / f"{run.name}.log").write_text(done.stdout + done.stderr)
+    return run, ok, "ok" if ok else f"failed (see logs/{run.name}.log)"
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
+    """Curves (mean, CI per evaluation point), final table and diagnostics per env/label."""
+    groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
+    for run in runs:
+        rows = read_metrics(out / "runs" / run.name)
+        if rows:
+            groups[(run.env_label, run.label)].append(rows)
+    summary: dict[str, Any] = {}
+    for (env_label, label), seeds in sorted(groups.items()):
+        points: dict[int, list[float]] = defaultdict(list)
+        diag: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        finite = True
+        for rows in seeds:
+            for r in rows:
+                if "eval/success" in r:
+                    points[r["iteration"]].append(r["eval/success"])
+                for key in ("adv/singleton_frac", "adv/weight_std", "rollout/success"):
+                    if key in r:
+                        diag[key][r["iteration"]].append(r[key])
+                finite &= all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+        curve = {it: t_interval(v) for it, v in sorted(points.items())}
+        last = max(curve) if curve else None
+        auc = [sum(r["eval/success"] for r in rows if "eval/success" in r and r["iteration"] >= 0)
+               / max(1, sum("eval/success" in r and r["iteration"] >= 0 for r in rows))
+               for rows in seeds]
+        summary.setdefault(env_label, {})[label] = {
+            "seeds": len(seeds), "finite": finite,
+            "curve": {str(k): {"mean": m, "ci95": c, "n": len(points[k])}
+                      for k, (m, c) in curve.items()},
+            "final": {"mean": curve[last][0], "ci95": curve[last][1]} if last is not None else None,
+            "auc": dict(zip(("mean", "ci95"), t_interval(auc))),
+            "diagnostics": {k: {str(it): sum(v) / len(v) for it, v in sorted(d.items())}
+                            for k, d in diag.items()},
+        }
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = []
+    for env_label, table in summary.items():
+        lines += [f"### {env_label}", "",
+                  "| estimator | seeds | warm-up | final held-out success | mean over evaluations |",
+                  "|---|---|---|---|---|"]
+        for label, s in sorted(table.items(), key=lambda kv: -(kv[1]["final"] or {}).get("mean", 0)):
+            warm = s["curve"].get("-1", {}).get("mean", float("nan"))
+            fin, auc = s["final"] or {"mean": float("nan"), "ci95": 0.0}, s["auc"]
+            lines.append(f"| {label} | {s['seeds']} | {warm:.3f} | {fin['mean']:.3f} ± "
+                         f"{fin['ci95']:.3f} | {auc['mean']:.3f} ± {auc['ci95']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for env_label, table in summary.items():
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        for label, s in sorted(table.items()):
+            main = not label.startswith("gaca-")
+            its = sorted(int(k) for k in s["curve"])
+            mean = [s["curve"][str(i)]["mean"] for i in its]
+            ci = [s["curve"][str(i)]["ci95"] for i in its]
+            ax = axes[0] if main else axes[0]
+            style = "-" if main else ":"
+            line, = ax.plot(its, mean, style, marker="o", ms=3, label=label)
+            ax.fill_between(its, [m - c for m, c in zip(mean, ci)],
+                            [m + c for m, c in zip(mean, ci)], alpha=0.12,
+                            color=line.get_color())
+            for ax2, key in ((axes[1], "adv/weight_std"), (axes[2], "adv/singleton_frac")):
+                d = s["diagnostics"].get(key, {})
+                if d:
+                    ax2.plot([int(k) for k in d], list(d.values()), style, label=label,
+                             color=line.get_color())
+        axes[0].set_title(f"{env_label}: held-out success (mean, 95% CI)")
+        axes[1].set_title("step weight spread (adv/weight_std)")
+        axes[2].set_title("singleton anchor fraction")
+        for ax in axes:
+            ax.set_xlabel("iteration (-1: after the warm-up)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out / f"study_{env_label}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gaca-study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="full", choices=sorted(PRESETS))
+    parser.add_argument("--out", type=Path, default=Path("runs/study"))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (1 thread each)")
+    args = parser.parse_args(argv)
+    runs = plan(PRESETS[args.preset])
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for i, (run, ok, message) in enumerate(pool.map(lambda r: execute(r, args.out), runs), 1):
+            print(f"[{i}/{len(runs)}] {run.name}: {message}", flush=True)
+            if not ok:
+                failed.append(run.name)
+    summary = aggregate(args.out, runs)
+    summary_meta = {"preset": args.preset, "runs": len(runs), "failed": failed,
+                    "wall_time_s": round(time.time() - start, 1), "results": summary}
+    (args.out / "summary.json").write_text(json.dumps(summary_meta, indent=2))
+    table = markdown(summary)
+    (args.out / "table.md").write_text(table + "\n")
+    for path in plot(summary, args.out):
+        print(f"wrote {path}")
+    print(table)
+    print(f"study: {len(runs)} runs, {len(failed)} failed, {summary_meta['wall_time_s']} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
