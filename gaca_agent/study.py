@@ -186,37 +186,52 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def plot(summary: dict[str, Any], out: Path) -> list[Path]:
+    """Per environment: estimators' held-out success (mean, 95% interval clipped to
+    [0, 1]), GACA's ablations, and the diagnostics over training."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = plt.get_cmap("tab20")
     paths = []
     for env_label, table in summary.items():
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        for label, s in sorted(table.items()):
-            main = not label.startswith("gaca-")
+        labels = sorted(table)
+        colour = {label: colours(i % 20) for i, label in enumerate(labels)}
+        ablations = [lb for lb in labels if lb.startswith("gaca-")]
+        panels = 4 if ablations else 3
+        fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+        curve_axes = [axes[0]] + ([axes[1]] if ablations else [])
+        for label in labels:
+            s = table[label]
             its = sorted(int(k) for k in s["curve"])
             mean = [s["curve"][str(i)]["mean"] for i in its]
             ci = [s["curve"][str(i)]["ci95"] for i in its]
-            ax = axes[0] if main else axes[0]
-            style = "-" if main else ":"
-            line, = ax.plot(its, mean, style, marker="o", ms=3, label=label)
-            ax.fill_between(its, [m - c for m, c in zip(mean, ci)],
-                            [m + c for m, c in zip(mean, ci)], alpha=0.12,
-                            color=line.get_color())
-            for ax2, key in ((axes[1], "adv/weight_std"), (axes[2], "adv/singleton_frac")):
+            groups = [curve_axes[-1]] if label.startswith("gaca-") else [curve_axes[0]]
+            if label == "gaca" and ablations:
+                groups.append(curve_axes[-1])
+            for ax in groups:
+                ax.plot(its, mean, marker="o", ms=3, label=label, color=colour[label])
+                ax.fill_between(its, [max(0.0, m - c) for m, c in zip(mean, ci)],
+                                [min(1.0, m + c) for m, c in zip(mean, ci)], alpha=0.12,
+                                color=colour[label])
+            for ax, key in ((axes[-2], "adv/weight_std"), (axes[-1], "adv/singleton_frac")):
                 d = s["diagnostics"].get(key, {})
                 if d:
-                    ax2.plot([int(k) for k in d], list(d.values()), style, label=label,
-                             color=line.get_color())
+                    ax.plot([int(k) for k in d], list(d.values()), label=label,
+                            color=colour[label], ls=":" if label.startswith("gaca-") else "-")
         axes[0].set_title(f"{env_label}: held-out success (mean, 95% CI)")
-        axes[1].set_title("step weight spread (adv/weight_std)")
-        axes[2].set_title("singleton anchor fraction")
+        if ablations:
+            axes[1].set_title("GACA ablations (forms, kappa, nll_span)")
+        axes[-2].set_title("step-weight spread (adv/weight_std)")
+        axes[-1].set_title("singleton anchor fraction")
+        for ax in curve_axes:
+            ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=7)
         for ax in axes:
             ax.set_xlabel("iteration (-1: after the warm-up)")
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7, ncol=2)
+        axes[-2].legend(fontsize=6, ncol=2)
         fig.tight_layout()
         path = out / f"study_{env_label}.png"
         fig.savefig(path, dpi=110)
@@ -242,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 failed.append(run.name)
     summary = aggregate(args.out, runs)
+    previous = args.out / "summary.json"  # a resumed study adds up its sessions' time
+    spent = json.loads(previous.read_text()).get("wall_time_s", 0.0) if previous.exists() else 0.0
     summary_meta = {"preset": args.preset, "runs": len(runs), "failed": failed,
-                    "wall_time_s": round(time.time() - start, 1), "results": summary}
+                    "wall_time_s": round(spent + time.time() - start, 1), "results": summary}
     (args.out / "summary.json").write_text(json.dumps(summary_meta, indent=2))
     table = markdown(summary)
     (args.out / "table.md").write_text(table + "\n")

@@ -230,6 +230,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     acc.wait_for_everyone()
     torch.manual_seed(cfg.seed)
     base = resolve_model(cfg, run_dir, acc)
+    torch.manual_seed(cfg.seed)  # building the tiny model the first time draws from torch
     tokenizer = AutoTokenizer.from_pretrained(base)
     weights = str(ckpt[1] / "model") if ckpt and cfg.learner.lora_r == 0 else base
     learner = Learner(weights, tokenizer, cfg.learner, acc)
