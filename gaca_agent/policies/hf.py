@@ -82,11 +82,11 @@ class HFPolicy:
         from transformers import GenerationConfig
 
         # top_k must be 0 (not None, which means the default top-k of 50) to disable it.
+        sampling = {} if greedy else {"temperature": self.temperature, "top_k": 0, "top_p": 1.0}
         gen_config = GenerationConfig(
-            do_sample=not greedy, temperature=None if greedy else self.temperature,
-            top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens,
+            do_sample=not greedy, max_new_tokens=self.max_new_tokens,
             eos_token_id=sorted(self.eos_ids()), pad_token_id=self.tokenizer.pad_token_id,
-            output_scores=True, return_dict_in_generate=True)
+            output_scores=True, return_dict_in_generate=True, **sampling)
         self.model.eval()
         with torch.no_grad():
             gen = self.model.generate(**enc, generation_config=gen_config)
