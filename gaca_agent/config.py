@@ -104,7 +104,6 @@ def _build(cls, data: dict[str, Any], where: str):
                          f"{sorted(fields)}")
     kwargs = {}
     for name, value in data.items():
-        ftype = fields[name].type
         sub = _SECTIONS.get(name) if cls is TrainConfig else None
         if sub is not None:
             kwargs[name] = _build(sub, value, name)
@@ -112,7 +111,6 @@ def _build(cls, data: dict[str, Any], where: str):
             kwargs[name] = tuple(value)
         else:
             kwargs[name] = value
-        del ftype
     return cls(**kwargs)
 
 

@@ -25,6 +25,10 @@ import numpy as np
 import yaml
 
 from gaca_agent.config import TrainConfig, load_config, to_dict
+from gaca_agent.evaluate import num_tasks_of
+
+#: Seed of held-out episode i is EVAL_SEED + i, in every evaluation of a run.
+EVAL_SEED = 10_000
 
 
 # ----------------------------------------------------------------- run directory
@@ -160,11 +164,12 @@ def write_train_report(run_dir: Path, cfg: TrainConfig, iteration: int, episodes
 
 def held_out_success(policy, cfg: TrainConfig, num_tasks: int) -> dict[str, float]:
     from gaca_agent.collector import Collector, CollectorConfig
+    from gaca_agent.evaluate import plan
 
-    n = num_tasks if cfg.env.eval_episodes == "all" else int(cfg.env.eval_episodes)
-    tasks = [(i % num_tasks, 10_000 + i) for i in range(n)]
+    # the same episodes as the final evaluation (``evaluate`` with seed EVAL_SEED)
+    tasks = plan(cfg.env.eval_episodes, num_tasks, EVAL_SEED)
     collector = Collector(CollectorConfig(cfg.env.id, dict(cfg.env.eval_kwargs),
-                                          max_live_envs=min(cfg.env.max_live_envs, n),
+                                          max_live_envs=min(cfg.env.max_live_envs, len(tasks)),
                                           history_length=cfg.env.history_length,
                                           template_file=cfg.env.template_file,
                                           num_workers=cfg.env.workers))
@@ -175,12 +180,6 @@ def held_out_success(policy, cfg: TrainConfig, num_tasks: int) -> dict[str, floa
     m = rollout_metrics(episodes)
     return {"eval/success": m["rollout/success"], "eval/score": m["rollout/score"],
             "eval/length": m["rollout/length"], "eval/format_invalid": m["rollout/format_invalid"]}
-
-
-def num_tasks_of(env_id: str, kwargs: dict) -> int:
-    from gaca_agent.evaluate import num_tasks_of as count
-
-    return count(env_id, dict(kwargs))
 
 
 def resolve_model(cfg: TrainConfig, run_dir: Path, accelerator) -> str:
@@ -257,7 +256,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
         invalid_penalty=cfg.env.invalid_penalty))
     try:
         if start == 0:
-            _warmup(cfg, learner, tokenizer, collector, acc, log, eval_policy, n_eval)
+            _warmup(cfg, learner, tokenizer, collector, acc, log, eval_policy, n_train, n_eval)
         bar = tqdm(range(start, cfg.iterations), desc=cfg.name, disable=not (progress and acc.is_main_process))
         for it in bar:
             torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
@@ -302,14 +301,15 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     return run_dir
 
 
-def _warmup(cfg, learner, tokenizer, collector, acc, log, eval_policy, n_eval) -> None:
+def _warmup(cfg, learner, tokenizer, collector, acc, log, eval_policy, n_train: int,
+            n_eval: int) -> None:
     from gaca_agent.policies import make_policy
     from gaca_agent.warmup import behaviour_clone, transcripts
 
     metrics: dict[str, Any] = {}
     if cfg.warmup.bc_steps > 0:
         n = cfg.warmup.bc_episodes
-        tasks = [(i % num_tasks_of(cfg.env.id, cfg.env.kwargs), 50_000 + i) for i in range(n)]
+        tasks = [(i % n_train, 50_000 + i) for i in range(n)]
         episodes = collector.run(make_policy("random", seed=cfg.seed), tasks, 1)
         pairs = transcripts(episodes, cfg.env.id, collector.family, collector.prompts, tokenizer)
         metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, cfg.warmup.bc_steps,
@@ -346,7 +346,7 @@ def _finish(cfg, learner, run_dir: Path, eval_policy, acc) -> None:
         write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
             {"digests": digests, "in_sync": len(set(digests)) == 1}))
         evaluate(cfg.env.id, dict(cfg.env.eval_kwargs), "trained", cfg.env.eval_episodes,
-                 run_dir / "final_eval", seed=10_000, policy=eval_policy, progress=False,
+                 run_dir / "final_eval", seed=EVAL_SEED, policy=eval_policy, progress=False,
                  history_length=cfg.env.history_length)
         try:
             from gaca_agent.plots import plot_run

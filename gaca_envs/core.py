@@ -13,7 +13,7 @@ import hashlib
 import string
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -194,7 +194,3 @@ class TextEnv(gym.Env[str, str]):
         info.update(sim.extra_info)
         return obs, info
 
-
-def sorted_actions(actions: Sequence[str]) -> tuple[str, ...]:
-    """Admissible actions normalised, de-duplicated and in a fixed order."""
-    return tuple(sorted({normalize_action(a) for a in actions} - {""}))

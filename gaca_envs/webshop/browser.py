@@ -155,7 +155,7 @@ class WebShopBrowserEnv(WebShopEnv):
                 if attempt:
                     raise
         self.session = self._app.extensions["gaca_sessions"][self._sid]["session"]
-        return self._read(0.0)
+        return self._sim(0.0)
 
     def _sim_step(self, action: str) -> SimStep:
         assert self.session is not None and self._browser is not None
@@ -169,18 +169,15 @@ class WebShopBrowserEnv(WebShopEnv):
                            self.session.page.key(), reward=0.0, terminated=True,
                            extra_info={"score": 0.0, "error": f"browser crashed: {err!r}"[:500]})
         reward = float(self.session.score or 0.0) if self.session.page.kind == "done" else 0.0
-        return self._read(reward)
+        return self._sim(reward)
 
-    def _read(self, reward: float) -> SimStep:
+    def _observe(self) -> str:
         s = self.session
         assert s is not None and self._browser is not None
         html = self._browser.html
         if self.observation_mode == "html":
-            obs = html
-        else:
-            elements = elements_from_html(html)
-            obs = (text_observation(elements) if self.observation_mode == "text" else
-                   rich_observation(elements, dict(s.page.options).values(), s.clicked))
-        done = s.page.kind == "done"
-        return SimStep(obs, s.admissible(), s.page.key(), reward=reward, terminated=done,
-                       won=done and s.score == 1.0, extra_info={"score": float(s.score or 0.0)})
+            return html
+        elements = elements_from_html(html)
+        if self.observation_mode == "text":
+            return text_observation(elements)
+        return rich_observation(elements, dict(s.page.options).values(), s.clicked)

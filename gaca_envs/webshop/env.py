@@ -106,11 +106,16 @@ class WebShopEnv(TextEnv):
             self._searched.append(action)
         return self._sim(self.session.act(action))
 
+    def _observe(self) -> str:
+        """The current page in the observation mode (the browser env reads its page)."""
+        assert self.session is not None
+        return self.session.observation(self.observation_mode)
+
     def _sim(self, reward: float) -> SimStep:
         s = self.session
         assert s is not None
         done = s.page.kind == "done"
-        return SimStep(s.observation(self.observation_mode), s.admissible(), s.page.key(),
+        return SimStep(self._observe(), s.admissible(), s.page.key(),
                        reward=reward, terminated=done, won=done and s.score == 1.0,
                        extra_info={"score": float(s.score or 0.0)})
 
