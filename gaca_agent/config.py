@@ -58,8 +58,15 @@ class EnvSection:
     """Multiplies the reward (verl-agent/GiGPO: 10 for a success)."""
     nll_span: Literal["response", "action", "think"] = "response"
     """What a step's NLL covers for GACA: response, action or think."""
+    servers: tuple[str, ...] = ()
+    """URLs of ``gaca-env-serve`` servers of ``env.id`` (e.g. ``[http://envhost1:8010,
+    http://envhost2:8010]``): rollouts and evaluations play there instead of in local worker
+    processes (``workers`` then does not apply). Token: ``$GACA_ENV_TOKEN``."""
 
     def __post_init__(self) -> None:
+        bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"env.servers must be http(s):// URLs, got {bad}")
         if self.groups < 1 or self.group_size < 1 or self.workers < 1 or self.max_live_envs < 1:
             raise ValueError("env.groups, env.group_size, env.workers and env.max_live_envs "
                              "must be >= 1")

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from gaca_agent.results import drop_partial_line, episode_record, read_episodes, summarize
 
@@ -52,13 +53,21 @@ def parse_kv(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def num_tasks_of(env_id: str, env_kwargs: dict[str, Any]) -> int:
+def num_tasks_of(env_id: str, env_kwargs: dict[str, Any],
+                 servers: Sequence[str] | None = None) -> int:
+    """How many tasks ``env_id`` has with ``env_kwargs`` (asked of the first env server
+    when ``servers`` are given)."""
     import gymnasium as gym
 
     import gaca_envs
 
     gym.register_envs(gaca_envs)
-    env = gym.make(env_id, **env_kwargs)
+    if servers:
+        from gaca_envs.remote.client import RemoteEnv
+
+        env = RemoteEnv(servers[0], env_kwargs, token=os.environ.get("GACA_ENV_TOKEN"))
+    else:
+        env = gym.make(env_id, **env_kwargs)
     try:
         return int(env.unwrapped.num_tasks)
     finally:
@@ -81,9 +90,11 @@ def plan(episodes: str | int, num_tasks: int, seed: int) -> list[tuple[int, int]
 def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes: str | int,
              out: Path, workers: int = 1, seed: int = 0, policy_kwargs: dict | None = None,
              max_live_envs: int = 16, history_length: int = 2, progress: bool = True,
-             policy=None, group_size: int = 1) -> dict[str, Any]:
+             policy=None, group_size: int = 1,
+             env_servers: Sequence[str] | None = None) -> dict[str, Any]:
     """Run (or resume) one evaluation into ``out``; returns the results dict. Raises
-    :class:`EvaluationInterrupted` on Ctrl-C after saving what finished."""
+    :class:`EvaluationInterrupted` on Ctrl-C after saving what finished. ``env_servers``:
+    play on these ``gaca-env-serve`` URLs instead of local worker processes."""
     out.mkdir(parents=True, exist_ok=True)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -100,14 +111,15 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
     episodes_path = out / "episodes.jsonl"
     drop_partial_line(episodes_path)
     records = read_episodes(episodes_path)
-    planned = plan(episodes, num_tasks_of(env_id, env_kwargs), seed)
+    planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
     g = group_size
     todo = [(i, task) for i, task in enumerate(planned)
             if any(k not in records or records[k]["failed"] for k in range(i * g, i * g + g))]
     try:
         if todo:
             _play(todo, records, episodes_path, env_id, env_kwargs, policy_spec, workers,
-                  policy_kwargs, max_live_envs, history_length, progress, policy, g)
+                  policy_kwargs, max_live_envs, history_length, progress, policy, g,
+                  env_servers)
     except KeyboardInterrupt:
         write_results(out, records, meta, policy_spec, env_id, complete=False)
         raise EvaluationInterrupted(out, sum(not r["failed"] for r in records.values()),
@@ -117,7 +129,7 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
 
 def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, workers,
           policy_kwargs, max_live_envs, history_length, progress, policy,
-          group_size: int = 1) -> None:
+          group_size: int = 1, env_servers: Sequence[str] | None = None) -> None:
     """Play the episodes of ``todo`` (``group_size`` each, from the same seed), appending
     each one to the file as it ends; episode index = planned index x group_size + member."""
     from tqdm import tqdm
@@ -129,7 +141,9 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
     collector = Collector(CollectorConfig(env_id, env_kwargs, num_workers=workers,
                                           max_live_envs=min(max_live_envs,
                                                             len(todo) * group_size),
-                                          history_length=history_length))
+                                          history_length=history_length,
+                                          env_servers=list(env_servers or []) or None,
+                                          env_token=os.environ.get("GACA_ENV_TOKEN")))
     bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}", unit="ep",
                disable=not progress)
     index_of = {g: i for g, (i, _) in enumerate(todo)}
@@ -184,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="play each planned episode this many times from the same seed "
                              "(task groups, as in training; for gaca-audit)")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--env-servers", nargs="+", default=None, metavar="URL",
+                        help="play on these gaca-env-serve servers of --env instead of local "
+                             "worker processes (token: $GACA_ENV_TOKEN)")
     parser.add_argument("--max-live-envs", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
@@ -222,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path("runs") / "eval" / name
         results = evaluate(args.env, env_kwargs, args.policy, args.episodes, out,
                            args.workers, args.seed, policy_kwargs, args.max_live_envs,
-                           group_size=args.group_size)
+                           group_size=args.group_size, env_servers=args.env_servers)
     except EvaluationInterrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
         return 130

@@ -249,7 +249,8 @@ def make_collector(cfg: TrainConfig, kwargs: dict, live: int | None = None):
         e.id, dict(kwargs), num_workers=e.workers, max_live_envs=live or e.max_live_envs,
         history_length=e.history_length, template_file=e.template_file, nll_span=e.nll_span,
         invalid_penalty=e.invalid_penalty, invalid_definition=e.invalid_definition,
-        penalty_mode=e.penalty_mode, reward=e.reward, reward_scale=e.reward_scale))
+        penalty_mode=e.penalty_mode, reward=e.reward, reward_scale=e.reward_scale,
+        env_servers=list(e.servers) or None, env_token=os.environ.get("GACA_ENV_TOKEN")))
 
 
 # ----------------------------------------------------------------- the loop
@@ -287,8 +288,8 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     # resuming a run killed before its first checkpoint starts over: drop its metrics
     log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None))
     policy, eval_policy, server = make_policies(cfg, learner, tokenizer)
-    n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs)
-    n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs)
+    n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs, cfg.env.servers)
+    n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs, cfg.env.servers)
     collector = make_collector(cfg, cfg.env.kwargs)
     evaluator = make_collector(cfg, cfg.env.eval_kwargs)  # one for every evaluation
     sync = (WeightSync(learner, server, run_dir, cfg.name) if server is not None else None)

@@ -13,7 +13,7 @@ import gymnasium as gym
 class EnvSpec:
     id: str
     entry_point: str
-    max_episode_steps: int
+    max_episode_steps: int | None
     kwargs: dict[str, Any] = field(default_factory=dict)
     #: Python modules the environment needs beyond gymnasium and numpy.
     requires: tuple[str, ...] = ()
@@ -41,6 +41,11 @@ SPECS: tuple[EnvSpec, ...] = (
             kwargs={"world": "slippery"}),
     EnvSpec("gaca/Diag-Pivots-v0", "gaca_envs.diag.env:DiagEnv", 60,
             kwargs={"world": "pivots", "level": 2}),
+    # remote envs: the server's env keeps its own time limit, so none is added here
+    EnvSpec("gaca/Remote-v0", "gaca_envs.remote.client:RemoteEnv", None,
+            requires=("websockets",)),
+    EnvSpec("gaca/AgentGym-v0", "gaca_envs.remote.agentgym:AgentGymEnv", None,
+            requires=("requests",)),
 )
 
 

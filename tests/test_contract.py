@@ -20,9 +20,14 @@ BAD_ACTIONS = ["", " ", "x" * 100_000, "go to\x00\x07\x1b[31m desk", "gé 到 \U
                "\n\t\r", "look" * 5000, "__import__('os')"]
 
 
-def kwargs_or_skip(env_id: str, tiny_game) -> dict:
-    """The kwargs the tests make ``env_id`` with (skips when its extras are missing)."""
+def kwargs_or_skip(env_id: str, tiny_game, request) -> dict:
+    """The kwargs the tests make ``env_id`` with (skips when its extras are missing).
+    ``gaca/Remote-v0`` is tested against a served Diag-Signs env."""
     spec = gaca_envs.registration.spec_of(env_id)
+    if spec.id == "gaca/AgentGym-v0":
+        pytest.skip("needs an AgentGym server: tests/test_env_server.py plays one")
+    if spec.id == "gaca/Remote-v0":
+        return {"url": request.getfixturevalue("diag_server"), "expert": True}
     missing = [m for m in spec.requires if not has_module(m)]
     if missing:
         pytest.skip(f"{spec.id} needs {missing} (pip install -e '.[alfworld]')")
@@ -41,7 +46,7 @@ def kwargs_or_skip(env_id: str, tiny_game) -> dict:
 
 @pytest.fixture(scope="module", params=[s.id for s in SPECS])
 def env(request, tiny_textworld_game):
-    env = gym.make(request.param, **kwargs_or_skip(request.param, tiny_textworld_game))
+    env = gym.make(request.param, **kwargs_or_skip(request.param, tiny_textworld_game, request))
     yield env
     env.close()
 
@@ -124,9 +129,9 @@ def test_steps_after_the_end_are_no_ops(env):
 
 
 @pytest.mark.parametrize("env_id", [s.id for s in SPECS])
-def test_async_vector_env_returns_the_real_observations(env_id, tiny_textworld_game):
+def test_async_vector_env_returns_the_real_observations(env_id, tiny_textworld_game, request):
     """gymnasium's AsyncVectorEnv (shared memory on, its default) works out of the box."""
-    kwargs = kwargs_or_skip(env_id, tiny_textworld_game)
+    kwargs = kwargs_or_skip(env_id, tiny_textworld_game, request)
     single = gym.make(env_id, **kwargs)
     expected = [single.reset(seed=s)[0] for s in (3, 4)]
     first_action = single.reset(seed=3)[1]["admissible_actions"][0]

@@ -62,6 +62,12 @@ class CollectorConfig:
     """Resets after which a worker process is replaced (once none of its envs is
     mid-episode): ALFWorld processes grow with every new game."""
     timeout_s: float = 600.0
+    env_servers: list[str] | None = None
+    """URLs of ``gaca-env-serve`` servers of ``env_id``: the env slots are sessions there
+    (spread round-robin) instead of local worker processes (``num_workers`` and
+    ``recycle_after`` then do not apply); see :mod:`gaca_agent.rollout.remote_pool`."""
+    env_token: str | None = None
+    """Bearer token of the env servers (``gaca-env-serve --token``)."""
 
 
 class Collector:
@@ -79,8 +85,14 @@ class Collector:
     def pool(self) -> EnvPool:
         if self._pool is None:
             c = self.config
-            self._pool = EnvPool(c.env_id, c.env_kwargs, c.max_live_envs, c.num_workers,
-                                 c.recycle_after, c.timeout_s)
+            if c.env_servers:
+                from gaca_agent.rollout.remote_pool import RemotePool
+
+                self._pool = RemotePool(c.env_servers, c.env_id, c.env_kwargs,
+                                        c.max_live_envs, c.timeout_s, c.env_token)
+            else:
+                self._pool = EnvPool(c.env_id, c.env_kwargs, c.max_live_envs, c.num_workers,
+                                     c.recycle_after, c.timeout_s)
         return self._pool
 
     def close(self) -> None:
@@ -104,6 +116,8 @@ class Collector:
         live: dict[int, int] = {}  # slot -> episode index
         state: dict[int, dict[str, Any]] = {}
         free = list(range(min(self.pool.num_envs, len(queue))))
+        if hasattr(self.pool, "expert"):  # env servers send expert actions only when asked
+            self.pool.expert = bool(getattr(policy, "needs_expert", False))
         # a policy that answers turns one by one (the server engine) is not played in
         # rounds: an episode's next turn is sent as soon as its step returns
         streaming = hasattr(policy, "submit") and not getattr(policy, "needs_expert", False)

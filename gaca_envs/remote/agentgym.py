@@ -1,0 +1,163 @@
+"""``gaca/AgentGym-v0``: a client of AgentGym's HTTP environment servers.
+
+    env = gym.make("gaca/AgentGym-v0", url="http://127.0.0.1:36001", env="textcraft",
+                   num_tasks=100)
+
+AgentGym's servers (``agentenv-textcraft``, ``-sciworld``, ``-babyai`` ...) speak a small
+HTTP protocol: ``POST /create`` -> ``{"id": k}``; ``POST /reset {"id", "data_idx"}``;
+``POST /step {"id", "action"}`` -> ``{"observation", "reward", "done"[, "score",
+"available_actions"]}``; ``GET /observation?id=k``; where the server has them,
+``GET /available_actions?id=k`` and ``POST /close {"id"}``; an ``{"error": ...}`` body
+reports a failure. This env plays one server-side env per gym env, created on the first
+reset and closed by :meth:`close` (servers without ``/close`` keep it; AgentGym's WebShop
+server is one).
+
+Contract differences, flagged in ``info``: the server exposes no true state, so
+``state_key`` is a hash of the observation text (``info["state_key_source"] ==
+"observation"``: anchors are GiGPO's, with their aliasing); ``admissible_actions`` are the
+server's available actions when it reports them, else empty; ``action_valid`` is always
+True (the protocol does not say). ``won``: the episode ended with a reward (or ``score``)
+of at least ``win_score`` (1.0; SciWorld's servers score 0-100: ``win_score=100``).
+``task_id`` is AgentGym's ``data_idx`` in ``range(num_tasks)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from gaca_envs.core import (MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TEXT_CHARSET, TextSpace,
+                            stable_hash)
+from gaca_envs.remote.client import RemoteEnvError, RemoteEnvLost, RemoteEnvRefused
+
+
+class AgentGymEnv(gym.Env):
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, url: str, env: str = "", num_tasks: int | None = None,
+                 create_body: dict[str, Any] | None = None, win_score: float = 1.0,
+                 timeout_s: float = 300.0, render_mode: str | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if num_tasks is not None and num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        self.url, self.env_name = url.rstrip("/"), env
+        self._num_tasks, self.create_body = num_tasks, dict(create_body or {})
+        self.win_score, self.timeout_s, self.render_mode = win_score, timeout_s, render_mode
+        self.observation_space = TextSpace(MAX_OBSERVATION_CHARS, min_length=0,
+                                           charset=TEXT_CHARSET)
+        self.action_space = TextSpace(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self._id: int | None = None
+        self._task_id: int | None = None
+        self._done = False
+        self._won = False
+        self._last = ""
+        self._has_actions: bool | None = None
+        import requests
+
+        self._http = requests.Session()
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        try:
+            response = self._http.request(method, self.url + path, timeout=self.timeout_s,
+                                          **kwargs)
+        except Exception as err:  # noqa: BLE001 - connection refused, reset, timeout
+            raise RemoteEnvLost(f"AgentGym server {self.url} lost: {type(err).__name__}: "
+                                 f"{err}") from err
+        if response.status_code == 404:
+            return _NOT_FOUND
+        if response.status_code >= 400:
+            raise RemoteEnvRefused(f"AgentGym server {self.url}{path}: HTTP "
+                                 f"{response.status_code}: {response.text[:300]}")
+        body = response.json()
+        if isinstance(body, dict) and "error" in body:
+            raise RemoteEnvRefused(f"AgentGym server {self.url}{path}: {body['error']}")
+        return body
+
+    def _actions(self, payload: dict[str, Any]) -> tuple[str, ...]:
+        if "available_actions" in payload:
+            return tuple(str(a) for a in payload["available_actions"])
+        if self._has_actions is not False:
+            got = self._request("GET", "/available_actions", params={"id": self._id})
+            self._has_actions = got is not _NOT_FOUND
+            if self._has_actions:
+                items = got.get("available_actions", got) if isinstance(got, dict) else got
+                return tuple(str(a) for a in items)
+        return ()
+
+    # ------------------------------------------------------------------ gym API
+    @property
+    def num_tasks(self) -> int:
+        if self._num_tasks is None:
+            raise RemoteEnvRefused("AgentGym servers do not report how many tasks they have: "
+                                 "make the env with num_tasks=N")
+        return self._num_tasks
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"task_id"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: ['task_id']")
+        task = options.get("task_id")
+        if task is None:
+            task = int(self.np_random.integers(self.num_tasks))
+        elif not isinstance(task, int) or task < 0 or (self._num_tasks is not None
+                                                       and task >= self._num_tasks):
+            raise ValueError(f"task_id must be an int in range({self._num_tasks}), "
+                             f"got {task!r}")
+        if self._id is None:
+            created = self._request("POST", "/create", json=self.create_body or None)
+            self._id = int(created["id"] if "id" in created else created["env_id"])
+        payload = self._request("POST", "/reset", json={"id": self._id, "data_idx": task})
+        payload = payload if isinstance(payload, dict) else {}
+        obs = self._request("GET", "/observation", params={"id": self._id})
+        self._task_id, self._done, self._won = task, False, False
+        self._last = str(obs if obs is not _NOT_FOUND else payload.get("observation", ""))
+        return self._last, self._info(payload, action_valid=True)
+
+    def step(self, action: str):
+        if self._id is None or self._task_id is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            return self._last, 0.0, True, False, self._info({}, action_valid=False, end=True)
+        payload = self._request("POST", "/step", json={"id": self._id, "action": str(action)})
+        reward = float(payload.get("reward") or 0.0)
+        self._done = bool(payload.get("done", False))
+        score = payload.get("score", reward)
+        self._won = self._won or (self._done and float(score) >= self.win_score)
+        self._last = str(payload.get("observation", ""))
+        info = self._info(payload, action_valid=True, end=self._done)
+        return self._last, reward, self._done, False, info
+
+    def _info(self, payload: dict[str, Any], *, action_valid: bool, end: bool = False):
+        info = {
+            "admissible_actions": () if end else self._actions(payload),
+            "state_key": stable_hash(["observation", self._last]),
+            "state_key_source": "observation",
+            "task": str(payload.get("goal", payload.get("task_description", ""))),
+            "task_id": self._task_id,
+            "won": self._won,
+            "action_valid": action_valid,
+        }
+        if "score" in payload:
+            info["score"] = float(payload["score"])
+        return info
+
+    def render(self) -> str | None:
+        return self._last if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        if self._id is not None:
+            try:
+                self._request("POST", "/close", json={"id": self._id})
+            except RemoteEnvError:
+                pass
+            self._id = None
+        self._http.close()
+        super().close()
+
+
+_NOT_FOUND = object()

@@ -1,0 +1,425 @@
+"""Environments over the network: gaca-env-serve (OpenEnv), gaca/Remote-v0, the collector
+on env servers, gaca/AgentGym-v0."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import gaca_envs
+from gaca_envs.remote.client import RemoteEnvError
+
+from conftest import (alfworld_data_or_skip, free_port, has_module, start_env_server,
+                      stop_env_server)
+
+gym.register_envs(gaca_envs)
+pytestmark = pytest.mark.skipif(
+    not (has_module("openenv") and has_module("uvicorn") and has_module("websockets")),
+    reason="needs the envserver extra (pip install -e '.[envserver]')")
+
+
+def http(url, method="GET", body=None, token=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def play_both(local, remote, seed, task_id, steps, rng):
+    """Reset both on (seed, task) and step both with the same actions (admissible ones,
+    one that is not, and steps after the end); every return value must be equal."""
+    a, b = local.reset(seed=seed, options={"task_id": task_id}), \
+        remote.reset(seed=seed, options={"task_id": task_id})
+    assert a == b
+    info = a[1]
+    for t in range(steps):
+        acts = info["admissible_actions"]
+        action = "not an action at all" if t == 1 or not acts else acts[rng.integers(len(acts))]
+        a, b = local.step(action), remote.step(action)
+        assert a == b, (t, action)
+        info = a[4]
+    return a
+
+
+@pytest.mark.parametrize("env_id,kwargs", [
+    ("gaca/Diag-Signs-v0", {"split": "test"}),
+    ("gaca/WebShop-v0", {"split": "test"}),
+    ("gaca/ALFWorld-v0", {"split": "valid_seen"}),
+])
+def test_remote_env_equals_the_local_env_step_by_step(env_id, kwargs):
+    spec = gaca_envs.registration.spec_of(env_id)
+    if any(not has_module(m) for m in spec.requires):
+        pytest.skip(f"{env_id} needs {list(spec.requires)}")
+    if env_id == "gaca/ALFWorld-v0":
+        kwargs = {**kwargs, "data_dir": str(alfworld_data_or_skip())}
+    proc, url = start_env_server(env_id, *[f"{k}={v}" for k, v in kwargs.items()])
+    local = gym.make(env_id, **kwargs)
+    remote = gym.make("gaca/Remote-v0", url=url, env_kwargs={"split": kwargs["split"]})
+    try:
+        assert remote.unwrapped.num_tasks == local.unwrapped.num_tasks
+        rng = np.random.default_rng(0)
+        for seed, task in ((3, 0), (4, 2)):
+            play_both(local, remote, seed, task, 6 if env_id == "gaca/ALFWorld-v0" else 18, rng)
+        # a finished episode answers the same on both sides (no-op steps after the end)
+        if env_id != "gaca/ALFWorld-v0":
+            final = play_both(local, remote, 5, 1, 60, rng)
+            assert final[2] or final[3]
+    finally:
+        remote.close()
+        local.close()
+        stop_env_server(proc)
+
+
+def test_errors_reach_the_client_as_clear_messages(diag_server):
+    env = gym.make("gaca/Remote-v0", url=diag_server)
+    try:
+        with pytest.raises(RemoteEnvError, match="task_id must be an int in range"):
+            env.reset(options={"task_id": 10**6})
+        with pytest.raises(RemoteEnvError, match="unknown reset option"):
+            env.reset(options={"level": 3})
+        env.reset(seed=1)  # the session survives its errors
+    finally:
+        env.close()
+    fixed = gym.make("gaca/Remote-v0", url=diag_server, env_kwargs={"world": "corridor"})
+    with pytest.raises(RemoteEnvError, match="fixed by this server"):
+        fixed.reset(seed=0)
+    fixed.close()
+    bad_split = gym.make("gaca/Remote-v0", url=diag_server, env_kwargs={"split": "nope"})
+    with pytest.raises(RemoteEnvError, match="nope"):
+        bad_split.reset(seed=0)
+    bad_split.close()
+    # OpenEnv's HTTP /step is stateless: a clear 400, no traceback
+    status, body = http(diag_server + "/step", "POST", {"action": {"action": "rest"}})
+    assert status == 400 and "/ws" in body["detail"] and "Traceback" not in body["detail"]
+    status, body = http(diag_server + "/reset", "POST", {"seed": 1})
+    assert status == 200 and body["observation"]["state_key"]
+
+
+def test_openenv_own_client_gets_our_observations_and_state_keys(diag_server):
+    """What a TRL/SkyRL user sees: OpenEnv's GenericEnvClient against gaca-env-serve."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    local = gym.make("gaca/Diag-Signs-v0")
+    obs, info = local.reset(seed=7, options={"task_id": 3})
+    with GenericEnvClient(base_url=diag_server).sync() as client:
+        result = client.reset(seed=7, options={"task_id": 3})
+        got = result.observation
+        assert got["text"] == obs and got["state_key"] == info["state_key"]
+        assert got["admissible_actions"] == list(info["admissible_actions"])
+        action = info["admissible_actions"][0]
+        obs, reward, terminated, truncated, info = local.step(action)
+        result = client.step({"action": action})
+        assert result.observation["text"] == obs
+        assert result.observation["state_key"] == info["state_key"]
+        assert result.reward == reward and result.done == (terminated or truncated)
+        state = client.state()
+        assert state["step_count"] == 1 and state["state_key"] == info["state_key"]
+    status, schema = http(diag_server + "/schema")
+    assert status == 200 and "state_key" in schema["observation"]["properties"]
+    assert http(diag_server + "/metadata")[1]["name"] == "gaca/Diag-Signs-v0"
+
+
+def test_sessions_are_bounded_closed_and_reaped():
+    proc, url = start_env_server("gaca/Diag-Corridor-v0", "--max-sessions", "2",
+                                 "--idle-timeout", "2")
+    try:
+        a, b, c = (gym.make("gaca/Remote-v0", url=url) for _ in range(3))
+        a.reset(seed=0)
+        b.reset(seed=0)
+        assert {k: v for k, v in http(url + "/sessions")[1].items() if k != "opened"} == \
+            {"active": 2, "max": 2}
+        with pytest.raises(RemoteEnvError, match="CAPACITY_REACHED"):
+            c.reset(seed=0)
+        a.close()
+        time.sleep(0.3)
+        c.reset(seed=0)  # a's place was freed by its close
+        b.close()
+        c.close()
+        time.sleep(0.3)
+        assert http(url + "/sessions")[1]["active"] == 0
+        # an idle session is closed by the server (reaper: every max(timeout/4, 5) s)
+        d = gym.make("gaca/Remote-v0", url=url)
+        d.reset(seed=0)
+        assert http(url + "/sessions")[1]["active"] == 1
+        deadline = time.time() + 20
+        while time.time() < deadline and http(url + "/sessions")[1]["active"]:
+            time.sleep(0.5)
+        assert http(url + "/sessions")[1]["active"] == 0
+        d.close()
+    finally:
+        stop_env_server(proc)
+
+
+def test_token_size_limit_and_loopback_rule():
+    from gaca_envs.remote.server import main
+
+    with pytest.raises(SystemExit) as stop:  # off loopback without a token: refused
+        main(["gaca/Diag-Signs-v0", "--host", "0.0.0.0"])
+    assert stop.value.code == 2
+    proc, url = start_env_server("gaca/Diag-Signs-v0", "--token", "s3cret",
+                                 "--max-request-bytes", "4096")
+    try:
+        assert http(url + "/health")[0] == 401
+        assert http(url + "/health", token="wrong")[0] == 401
+        assert http(url + "/health", token="s3cret")[0] == 200
+        status, body = http(url + "/reset", "POST", token="s3cret",
+                            raw=json.dumps({"seed": 1, "pad": "x" * 10_000}).encode())
+        assert status == 413 and "4096" in body["detail"]
+        with pytest.raises(RemoteEnvError, match="cannot open a session"):
+            gym.make("gaca/Remote-v0", url=url).reset(seed=0)
+        env = gym.make("gaca/Remote-v0", url=url, token="s3cret")
+        env.reset(seed=0)
+        env.close()
+    finally:
+        stop_env_server(proc)
+
+
+def _collect(config, tasks, group_size=2, on_step=None):
+    from gaca_agent.policies import make_policy
+    from gaca_agent.rollout.collector import Collector
+
+    collector = Collector(config)
+    try:
+        return collector.run(make_policy("random"), tasks, group_size, on_step=on_step)
+    finally:
+        collector.close()
+
+
+def _summary(rollout):
+    return [(e.task_id, e.seed, e.failed, e.length, e.total_reward) for e in rollout.episodes]
+
+
+def test_collector_on_two_servers_plays_what_local_workers_play():
+    from gaca_agent.rollout.collector import CollectorConfig
+
+    servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
+    try:
+        tasks = [(k, 100 + k) for k in range(6)]
+        local = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
+                                         num_workers=2, max_live_envs=6), tasks)
+        remote = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
+                                          max_live_envs=6,
+                                          env_servers=[u for _, u in servers]), tasks)
+        assert _summary(local) == _summary(remote)
+        assert not any(e.failed for e in remote.episodes)
+        for col in ("state_key", "reward", "action"):
+            assert list(local.table[col]) == list(remote.table[col]), col
+        for _, url in servers:  # both played, and every session was closed
+            counts = http(url + "/sessions")[1]
+            assert counts["active"] == 0 and counts["opened"] >= 3, (url, counts)
+    finally:
+        for proc, _ in servers:
+            stop_env_server(proc)
+
+
+def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
+    from gaca_agent.rollout.collector import CollectorConfig
+
+    servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
+    victim = servers[1][0]
+    rounds = []
+
+    def kill_after_three(n):
+        rounds.append(n)
+        if len(rounds) == 3:
+            victim.kill()
+
+    try:
+        tasks = [(k % 16, 200 + k) for k in range(12)]
+        rollout = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
+                                           max_live_envs=4, timeout_s=60,
+                                           env_servers=[u for _, u in servers]),
+                           tasks, on_step=kill_after_three)
+        episodes = rollout.episodes
+        assert len(episodes) == 24  # nothing dropped
+        failed = [e for e in episodes if e.failed]
+        assert 1 <= len(failed) <= 2  # the victim's live episodes (slots 1 and 3)
+        assert all(servers[1][1] in e.error for e in failed)
+        assert sum(not e.failed for e in episodes) == 24 - len(failed)
+    finally:
+        for proc, _ in servers:
+            stop_env_server(proc)
+
+
+def test_gaca_eval_on_env_servers(tmp_path, diag_server):
+    from gaca_agent.evaluate import evaluate
+
+    local = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, "random", 6, tmp_path / "a",
+                     progress=False)
+    remote = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, "random", 6, tmp_path / "b",
+                      progress=False, env_servers=[diag_server])
+    for key in ("n", "failed", "success_rate", "mean_score", "mean_steps"):
+        assert local[key] == remote[key], key
+
+
+@pytest.mark.slow
+def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not (has_module("torch") and has_module("transformers")):
+        pytest.skip("needs the train extra")
+    root = Path(__file__).resolve().parents[1]
+    servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
+    small = ["iterations=2", "eval_every=2", "env.eval_episodes=8", "env.groups=2",
+             "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=10",
+             "warmup.bc_episodes=4", "model.max_new_tokens=12", "learner.micro_batch_size=8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    try:
+        urls = ",".join(u for _, u in servers)
+        runs = {}
+        for name, extra in (("local", ["env.workers=2"]), ("remote", [f"env.servers=[{urls}]"])):
+            done = subprocess.run([sys.executable, "-m", "gaca_agent.train", "--no-progress",
+                                   "--config", str(root / "configs" / "default.yaml"),
+                                   f"out_dir={tmp_path}", f"name={name}", *small, *extra],
+                                  env=env, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+            rows = [json.loads(x) for x in
+                    (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            runs[name] = [{k: v for k, v in r.items() if not k.startswith("perf/")}
+                          for r in rows]
+        for _, url in servers:  # the remote run really played on both servers
+            assert http(url + "/sessions")[1]["opened"] >= 2, url
+        assert len(runs["local"]) == len(runs["remote"]) >= 3
+        for a, b in zip(runs["local"], runs["remote"]):
+            assert set(a) == set(b)
+            for key, value in a.items():
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    finally:
+        for proc, _ in servers:
+            stop_env_server(proc)
+
+
+# ---------------------------------------------------------------- AgentGym's protocol
+def agentgym_server():
+    """A small server speaking AgentGym's HTTP env protocol (AgentGym's own servers are not
+    installable here): count to a target with 'add 1' / 'add 2'; data_idx is the target."""
+    import uvicorn
+    from fastapi import Body, FastAPI
+
+    app = FastAPI()
+    envs: dict[int, dict] = {}
+
+    @app.post("/create")
+    def create():
+        envs[len(envs)] = {"target": 0, "total": 0, "done": False}
+        return {"id": len(envs) - 1}
+
+    @app.post("/reset")
+    def reset(body: dict = Body()):
+        if body["id"] not in envs:
+            return {"error": f"env {body['id']} does not exist"}
+        envs[body["id"]].update(target=3 + body["data_idx"], total=0, done=False)
+        return {"goal": f"reach {3 + body['data_idx']}"}
+
+    @app.get("/observation")
+    def observation(id: int):
+        e = envs[id]
+        return f"total {e['total']} of {e['target']}"
+
+    @app.get("/available_actions")
+    def available_actions(id: int):
+        return ["add 1", "add 2"]
+
+    @app.post("/step")
+    def step(body: dict = Body()):
+        e = envs[body["id"]]
+        if body["action"] in ("add 1", "add 2"):
+            e["total"] += int(body["action"][-1])
+        e["done"] = e["total"] >= e["target"]
+        reward = 1.0 if e["total"] == e["target"] else 0.0
+        return {"observation": f"total {e['total']} of {e['target']}", "reward": reward,
+                "done": e["done"]}
+
+    @app.post("/close")
+    def close(body: dict = Body()):
+        envs.pop(body["id"], None)
+        return {"closed": True}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    return server, f"http://127.0.0.1:{port}", envs
+
+
+def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
+    from gaca_agent.evaluate import evaluate
+
+    server, url, envs = agentgym_server()
+    try:
+        env = gym.make("gaca/AgentGym-v0", url=url, env="counter", num_tasks=3)
+        obs, info = env.reset(seed=0, options={"task_id": 1})
+        assert obs == "total 0 of 4" and info["task"] == "reach 4" and info["task_id"] == 1
+        assert info["admissible_actions"] == ("add 1", "add 2")
+        assert info["state_key_source"] == "observation"
+        obs, reward, terminated, truncated, info = env.step("add 2")
+        assert (obs, reward, terminated, info["won"]) == ("total 2 of 4", 0.0, False, False)
+        obs, reward, terminated, truncated, info = env.step("add 2")
+        assert (reward, terminated, info["won"], info["admissible_actions"]) == \
+            (1.0, True, True, ())
+        assert env.step("add 1")[1:3] == (0.0, True)  # after the end: a no-op
+        with pytest.raises(ValueError, match="task_id"):
+            env.reset(options={"task_id": 3})
+        env.close()
+        assert envs == {}  # the server-side env was closed
+        # our evaluation tools run on it (random policy, worker processes)
+        results = evaluate("gaca/AgentGym-v0", {"url": url, "num_tasks": 3}, "random", 6,
+                           tmp_path / "eval", progress=False)
+        assert results["n"] == 6 and results["failed"] == 0
+    finally:
+        server.should_exit = True
+
+
+def test_served_envs_never_run_two_engine_calls_at_once():
+    """TextWorld/ALFWorld are not thread-safe (concurrent sessions failed ~0.1% of steps
+    with parser errors before): a server's env calls are serialised."""
+    from gaca_envs.remote.server import ServeSettings, make_environment_class
+
+    inside, overlaps = [0], [0]
+
+    class Slow(gym.Env):
+        observation_space = action_space = gym.spaces.Text(64)
+
+        def reset(self, *, seed=None, options=None):
+            return "start", {}
+
+        def step(self, action):
+            inside[0] += 1
+            overlaps[0] += inside[0] > 1
+            time.sleep(0.02)
+            inside[0] -= 1
+            return "x", 0.0, False, False, {}
+
+    gym.register("test/Slow-v0", entry_point=Slow)
+    env_cls, action_cls, *_ = make_environment_class(ServeSettings("test/Slow-v0"))
+    assert env_cls.REQUIRES_SINGLE_THREAD_EXECUTOR
+    sessions = [env_cls() for _ in range(4)]
+    for s in sessions:
+        s.reset(seed=0)
+    threads = [threading.Thread(target=lambda s=s: [s.step(action_cls(action="a"))
+                                                    for _ in range(5)]) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps[0] == 0
