@@ -258,12 +258,14 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
 def test_gaca_eval_on_env_servers(tmp_path, diag_server):
     from gaca_agent.evaluate import evaluate
 
-    local = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, "random", 6, tmp_path / "a",
-                     progress=False)
-    remote = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, "random", 6, tmp_path / "b",
-                      progress=False, env_servers=[diag_server])
-    for key in ("n", "failed", "success_rate", "mean_score", "mean_steps"):
-        assert local[key] == remote[key], key
+    for policy in ("random", "expert"):  # the expert's actions come from the server
+        local = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, policy, 6,
+                         tmp_path / f"{policy}-a", progress=False)
+        remote = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, policy, 6,
+                          tmp_path / f"{policy}-b", progress=False, env_servers=[diag_server])
+        for key in ("n", "failed", "success_rate", "mean_score", "mean_steps"):
+            assert local[key] == remote[key], (policy, key)
+    assert remote["success_rate"] == 1.0
 
 
 @pytest.mark.slow
