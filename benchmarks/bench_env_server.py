@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -30,26 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 import gaca_envs  # noqa: E402
 from gaca_envs.data import shared_data  # noqa: E402
+from gaca_envs.remote.server import start_process  # noqa: E402
 
 gym.register_envs(gaca_envs)
-
-
-def start(env_id: str, *args: str) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.server", env_id, *args,
-                             "--port", str(port)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            return proc, url
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{env_id} server did not start")
 
 
 def rss_mb(pid: int) -> float:
@@ -150,8 +132,8 @@ def main() -> None:
     if not args.skip_alfworld and data is not None:
         cases.append(("gaca/ALFWorld-v0", {"split": "valid_seen", "data_dir": str(data)}, 16))
     for env_id, kwargs, clients in cases:
-        proc, url = start(env_id, *[f"{k}={v}" for k, v in kwargs.items()],
-                          "--max-sessions", str(clients + 4))
+        proc, url = start_process(env_id, *[f"{k}={v}" for k, v in kwargs.items()],
+                                  "--max-sessions", str(clients + 4), timeout_s=120)
         try:
             steps = args.steps if env_id != "gaca/ALFWorld-v0" else max(50, args.steps // 10)
             row = {"overhead": overhead(env_id, kwargs, url, steps)}

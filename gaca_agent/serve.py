@@ -18,7 +18,6 @@ them. A full queue answers 429. The server binds 127.0.0.1; another address need
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import os
 import queue
@@ -135,7 +134,7 @@ class ChatModel:
 def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
                 api_key: str | None = None) -> ThreadingHTTPServer:
     """A threaded HTTP server for ``model``; loopback only unless an API key is set."""
-    from gaca_envs.webshop.server import is_loopback
+    from gaca_envs.net import bearer_ok, is_loopback
 
     if not is_loopback(host) and not api_key:
         raise ValueError(f"refusing to serve on {host!r} without an API key: pass --api-key "
@@ -167,10 +166,7 @@ def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
             self._send(err.status, err.body(), headers)
 
         def _authorized(self) -> bool:
-            if not api_key:
-                return True
-            given = self.headers.get("Authorization", "")
-            return hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+            return bearer_ok(self.headers.get("Authorization", ""), api_key)
 
         def _body(self) -> Any:
             try:

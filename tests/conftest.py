@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from gaca_envs.data import shared_data  # noqa: E402
+from gaca_envs.net import free_port  # noqa: E402,F401 - for the tests
 
 try:  # keep torch single-threaded: a busy neighbour makes two threads 3-10x slower
     import torch
@@ -88,50 +89,18 @@ def full_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
     return (logits / t).log_softmax(-1).gather(-1, target).squeeze(-1).cpu()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_env_server(env_id: str, *args: str, timeout_s: float = 120.0):
     """A ``gaca-env-serve`` process on a free loopback port: ``(process, url)``."""
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
     if not (has_module("openenv") and has_module("uvicorn") and has_module("websockets")):
         pytest.skip("env server needs the envserver extra (pip install -e '.[envserver]')")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.server", env_id, *args,
-                             "--port", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    token = next((args[i + 1] for i, a in enumerate(args) if a == "--token"), None)
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gaca-env-serve exited: {proc.stderr.read()[-2000:]}")
-        request = urllib.request.Request(url + "/health")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"gaca-env-serve {env_id} did not start in {timeout_s} s")
+    from gaca_envs.remote.server import start_process
+
+    return start_process(env_id, *args, timeout_s=timeout_s)
 
 
 def stop_env_server(proc) -> None:
     proc.kill()
     proc.wait(timeout=30)
-    if proc.stderr is not None:
-        proc.stderr.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 from gaca_agent.policies import make_policy
 from gaca_agent.types import Turn
 
-from conftest import has_module
+from conftest import free_port, has_module
 
 
 def turns(n=3):
@@ -107,13 +107,9 @@ def test_collected_rows_carry_the_engine_nll(tiny_model_path):
 
 
 def test_openai_policy_unreachable_is_a_clear_error():
-    import socket
-
     from gaca_agent.policies.openai import ServerUnreachable
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     policy = make_policy(f"openai:http://127.0.0.1:{port}/v1#m", retries=1, backoff_s=0.01,
                          timeout_s=2)
     with pytest.raises(ServerUnreachable, match=f"127.0.0.1:{port}/v1/chat/completions"):

@@ -36,7 +36,6 @@ no traceback.
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import os
 import sys
@@ -44,6 +43,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaca_envs.net import bearer_ok
 from gaca_envs.remote.wire import encode_step
 
 DEFAULT_PORT = 8010
@@ -209,11 +209,8 @@ class Guard:
         self.app, self.token, self.max_body = app, token, max_body
 
     def _authorised(self, scope) -> bool:
-        if not self.token:
-            return True
         headers = dict(scope.get("headers") or [])
-        got = headers.get(b"authorization", b"").decode("latin-1")
-        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+        return bearer_ok(headers.get(b"authorization", b"").decode("latin-1"), self.token)
 
     async def _refuse(self, send, status: int, message: str) -> None:
         body = json.dumps({"detail": message}).encode()
@@ -301,6 +298,45 @@ def build_app(settings: ServeSettings, *, max_sessions: int = 64,
     return Guard(app, token, max_request_bytes)
 
 
+def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
+    """``gaca-env-serve ENV_ID ARGS`` in a child process on a free loopback port, returned
+    once ``/health`` answers: ``(process, url)``. Its stderr goes to a temporary file
+    (never a pipe that a long run could fill); ``--token T`` in ``args`` is sent with the
+    health checks. Raises RuntimeError (with the server's last words) when it exits or
+    does not answer in ``timeout_s``."""
+    import subprocess
+    import tempfile
+    import time
+    import urllib.request
+
+    from gaca_envs.net import free_port
+
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.server", env_id, *args,
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    token = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--token"), None)
+    deadline = time.time() + timeout_s
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"gaca-env-serve exited: {log.read()[-2000:]}")
+            request = urllib.request.Request(url + "/health")
+            if token:
+                request.add_header("Authorization", f"Bearer {token}")
+            try:
+                with urllib.request.urlopen(request, timeout=2):
+                    return proc, url
+            except OSError:
+                time.sleep(0.2)
+        proc.kill()
+        raise RuntimeError(f"gaca-env-serve {env_id} did not start in {timeout_s} s")
+    finally:
+        log.close()  # the child keeps its own descriptor
+
+
 def _parse_args(argv: list[str] | None):
     from gaca_envs.play import parse_kwargs
 
@@ -327,7 +363,7 @@ def _parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gaca_envs.webshop.server import is_loopback
+    from gaca_envs.net import is_loopback
 
     p, args, kwargs = _parse_args(argv)
     if not is_loopback(args.host) and not args.token:

@@ -12,39 +12,16 @@ sessions answer 404, malformed or inadmissible actions 400, always as short plai
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import re
-import socket
 import threading
 from typing import Any
 
+from gaca_envs.net import is_loopback, url_host
 from gaca_envs.webshop.html import render_html
 from gaca_envs.webshop.pages import MAX_WEBSHOP_ACTION_CHARS, Session
 from gaca_envs.webshop.world import World, WorldConfig, load_world
 
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` names is a loopback one (127.0.0.0/8 or ::1);
-    IPv6 literals (``::1``, ``[::1]``) and names that resolve to IPv6 count too."""
-    host = host.strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        return False
-    addresses = {info[4][0].split("%")[0] for info in infos}
-    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
-
-
-def url_host(host: str) -> str:
-    """``host`` as it appears in a URL (IPv6 literals in brackets)."""
-    host = host.strip("[]")
-    return f"[{host}]" if ":" in host else host
 
 
 def create_app(world: World, split: str = "test", show_attrs: bool = False):

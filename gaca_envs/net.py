@@ -1,0 +1,46 @@
+"""What every local server of the project (the WebShop site, ``gaca-serve``,
+``gaca-env-serve``) decides the same way: which addresses are loopback, how a host
+appears in a URL, and whether a request carries the bearer token."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import socket
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one (127.0.0.0/8 or ::1);
+    IPv6 literals (``::1``, ``[::1]``) and names that resolve to IPv6 count too."""
+    host = host.strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {info[4][0].split("%")[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def url_host(host: str) -> str:
+    """``host`` as it appears in a URL (IPv6 literals in brackets)."""
+    host = host.strip("[]")
+    return f"[{host}]" if ":" in host else host
+
+
+def bearer_ok(authorization: str, token: str | None) -> bool:
+    """Whether an ``Authorization`` header value carries ``token`` (constant-time);
+    always True when no token is set."""
+    if not token:
+        return True
+    return hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
