@@ -299,23 +299,17 @@ class Learner:
                 return self._logprobs(self.model, batch)[0]
 
     # ------------------------------------------------------------- symmetric schedule
-    def _global_max(self, value: int) -> int:
+    def _global_max(self, value: int | float) -> int | float:
+        """The maximum of ``value`` over the ranks (an int stays an int)."""
         if self.accelerator.num_processes == 1:
             return value
         import torch.distributed as dist
 
-        t = torch.tensor([value], device=self.accelerator.device, dtype=torch.int64)
+        kind = int if isinstance(value, int) else float
+        t = torch.tensor([value], device=self.accelerator.device,
+                         dtype=torch.int64 if kind is int else torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def _global_max_float(self, value: float) -> float:
-        if self.accelerator.num_processes == 1:
-            return value
-        import torch.distributed as dist
-
-        t = torch.tensor([value], device=self.accelerator.device, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+        return kind(t.item())
 
     def _global_sum(self, values: list[float]) -> list[float]:
         acc = self.accelerator
@@ -375,7 +369,7 @@ class Learner:
             out["train/rollout_logprob_gap"] = s["gap"] / max(s["row_tokens"], 1.0)
             # pi_learner_old / pi_rollout per token (truncated by tis_cap when set)
             out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
-            out["train/is_ratio_max"] = self._global_max_float(ratio["max"])
+            out["train/is_ratio_max"] = self._global_max(float(ratio["max"]))
         return out
 
     def _recompute_old(self, rows: list[Row], pad: Row

@@ -92,6 +92,12 @@ class TextSpace(spaces.Text):
     """
 
 
+def text_spaces() -> tuple[TextSpace, TextSpace]:
+    """The observation and action spaces of every ``gaca/`` env (printable ASCII)."""
+    return (TextSpace(MAX_OBSERVATION_CHARS, min_length=0, charset=TEXT_CHARSET),
+            TextSpace(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET))
+
+
 class SharedTexts(Sequence):
     """The texts of a shared-memory buffer, decoded whenever read.
 
@@ -194,9 +200,7 @@ class TextEnv(gym.Env[str, str]):
             raise ValueError(f"anchor must be 'state' or 'observation', got {anchor!r}")
         self.render_mode = render_mode
         self.anchor = anchor
-        self.observation_space = TextSpace(MAX_OBSERVATION_CHARS, min_length=0,
-                                           charset=TEXT_CHARSET)
-        self.action_space = TextSpace(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.observation_space, self.action_space = text_spaces()
         self._task_id: int | None = None
         self._last: SimStep | None = None
         self._won = False

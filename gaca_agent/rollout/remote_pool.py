@@ -15,6 +15,7 @@ stops with an error naming them.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -139,27 +140,26 @@ class RemotePool:
         self._failures[w] = n + 1
         self._retry_at[w] = time.monotonic() + BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
 
-    def _healthy(self, w: int) -> bool:
-        request = urllib.request.Request(self.servers[w] + "/health")
+    def _get(self, url: str, timeout_s: float) -> dict[str, Any]:
+        """GET a server's JSON answer (with the token); raises OSError when unreachable."""
+        request = urllib.request.Request(url)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def _healthy(self, w: int) -> bool:
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return response.status == 200
-        except OSError:
+            self._get(self.servers[w] + "/health", 5)
+            return True
+        except (OSError, ValueError):
             return False
 
     def _check_served_env(self) -> None:
         """Every server must serve ``env_id`` (its /metadata name); fail fast otherwise."""
-        import json
-
         for url in self.servers:
-            request = urllib.request.Request(url + "/metadata")
-            if self.token:
-                request.add_header("Authorization", f"Bearer {self.token}")
             try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    name = json.loads(response.read()).get("name")
+                name = self._get(url + "/metadata", 30).get("name")
             except OSError as err:
                 raise RuntimeError(f"env server {url} cannot be reached: {err}") from err
             if name != self.env_id:

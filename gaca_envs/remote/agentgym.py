@@ -27,8 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from gaca_envs.core import (MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TEXT_CHARSET, TextSpace,
-                            stable_hash)
+from gaca_envs.core import stable_hash, text_spaces
 from gaca_envs.remote.client import RemoteEnvError, RemoteEnvLost, RemoteEnvRefused
 
 
@@ -45,9 +44,7 @@ class AgentGymEnv(gym.Env):
         self.url, self.env_name = url.rstrip("/"), env
         self._num_tasks, self.create_body = num_tasks, dict(create_body or {})
         self.win_score, self.timeout_s, self.render_mode = win_score, timeout_s, render_mode
-        self.observation_space = TextSpace(MAX_OBSERVATION_CHARS, min_length=0,
-                                           charset=TEXT_CHARSET)
-        self.action_space = TextSpace(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.observation_space, self.action_space = text_spaces()
         self._id: int | None = None
         self._task_id: int | None = None
         self._done = False

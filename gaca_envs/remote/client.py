@@ -23,7 +23,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from gaca_envs.core import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TEXT_CHARSET, TextSpace
+from gaca_envs.core import text_spaces
 from gaca_envs.remote.wire import decode_step
 
 
@@ -62,9 +62,7 @@ class RemoteEnv(gym.Env):
             self.env_kwargs["anchor"] = anchor
         self.token, self.timeout_s, self.expert = token, timeout_s, expert
         self.render_mode = render_mode
-        self.observation_space = TextSpace(MAX_OBSERVATION_CHARS, min_length=0,
-                                           charset=TEXT_CHARSET)
-        self.action_space = TextSpace(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.observation_space, self.action_space = text_spaces()
         self._ws = None
         self._stack: contextlib.ExitStack | None = None
         self._last: str | None = None
