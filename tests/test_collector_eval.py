@@ -191,11 +191,14 @@ def test_ctrl_c_saves_what_finished_and_resume_completes(tmp_path):
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "gaca_agent.evaluate", "--env", "gaca/Diag-Slippery-v0",
            "--env-kwargs", "split=test", "--policy", "python:test_collector_eval:slow_random",
-           "--policy-kwargs", "delay=0.2", "--episodes", "8", "--max-live-envs", "2",
+           "--policy-kwargs", "delay=0.05", "--episodes", "8", "--max-live-envs", "2",
            "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    # a shell that starts the tests in the background hands on SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: give the evaluation a terminal's default
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     episodes = out / "episodes.jsonl"
     import time
 
