@@ -62,12 +62,12 @@ class AgentGymEnv(gym.Env):
                                           **kwargs)
         except Exception as err:  # noqa: BLE001 - connection refused, reset, timeout
             raise RemoteEnvLost(f"AgentGym server {self.url} lost: {type(err).__name__}: "
-                                 f"{err}") from err
+                                f"{err}") from err
         if response.status_code == 404:
             return _NOT_FOUND
         if response.status_code >= 400:
             raise RemoteEnvRefused(f"AgentGym server {self.url}{path}: HTTP "
-                                 f"{response.status_code}: {response.text[:300]}")
+                                   f"{response.status_code}: {response.text[:300]}")
         body = response.json()
         if isinstance(body, dict) and "error" in body:
             raise RemoteEnvRefused(f"AgentGym server {self.url}{path}: {body['error']}")

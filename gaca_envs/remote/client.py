@@ -83,7 +83,7 @@ class RemoteEnv(gym.Env):
                 self._stack = stack
             except Exception as err:  # noqa: BLE001 - every way of not connecting
                 raise RemoteEnvLost(f"cannot open a session at {self.url}: "
-                                     f"{type(err).__name__}: {err}") from err
+                                    f"{type(err).__name__}: {err}") from err
         return self._ws
 
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -96,13 +96,13 @@ class RemoteEnv(gym.Env):
             self._drop()
             if answer is None:
                 raise RemoteEnvLost(f"session at {self.url} lost: {type(err).__name__}: "
-                                     f"{err}") from err
+                                    f"{err}") from err
         if answer.get("type") == "error":
             data = answer.get("data", {})
             if data.get("code") in ("CAPACITY_REACHED", "SESSION_ERROR", "FACTORY_ERROR"):
                 self._drop()
             raise RemoteEnvRefused(f"{self.url}: {data.get('message', answer)}"
-                                 + (f" [{data['code']}]" if data.get("code") else ""))
+                                   + (f" [{data['code']}]" if data.get("code") else ""))
         return answer.get("data", {})
 
     def _drop(self) -> None:
