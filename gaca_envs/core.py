@@ -180,11 +180,13 @@ class TextEnv(gym.Env[str, str]):
     - ``num_tasks`` (property) and ``_sim_task(task_id) -> str`` (the instruction);
     - ``_sim_reset(task_id) -> SimStep``: start task ``task_id`` (fully determined by it);
     - ``_sim_step(action) -> SimStep``: apply an *admissible* action, in the simulator's
-      own spelling (what ``_resolve`` returned).
+      own spelling (what ``_resolve`` returned). A simulator whose parser reads more than
+      it lists (ScienceWorld) may pass free text on and return ``None`` when its parser
+      rejects it: the step is then an invalid action, as if ``_resolve`` had refused it.
 
     ``anchor="observation"`` replaces the canonical key by a hash of the observation text.
     Invalid actions never reach the simulator: they return the previous observation's
-    admissible actions and state key, reward 0 and ``action_valid=False``.
+    admissible actions, state key and extra info, reward 0 and ``action_valid=False``.
 
     After the episode has terminated, every further step is a no-op that repeats the
     final observation with reward 0, ``terminated=True``, no admissible actions and
@@ -217,7 +219,7 @@ class TextEnv(gym.Env[str, str]):
     def _sim_reset(self, task_id: int) -> SimStep:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _sim_step(self, action: str) -> SimStep:  # pragma: no cover - abstract
+    def _sim_step(self, action: str) -> SimStep | None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _resolve(self, action: str) -> str | None:
@@ -240,12 +242,14 @@ class TextEnv(gym.Env[str, str]):
             obs, info = self._emit(self._last, action_valid=False)
             return obs, 0.0, True, False, info
         raw = self._resolve(normalize_action(action))
-        if raw is None:
+        sim = None if raw is None else self._sim_step(raw)
+        if sim is None:
             invalid = SimStep(_INVALID_FEEDBACK, self._last.admissible_actions,
-                              self._last.state_key, won=self._won)
+                              self._last.state_key, won=self._won,
+                              extra_info=self._last.extra_info)
             obs, info = self._emit(invalid, action_valid=False)
             return obs, 0.0, False, False, info
-        self._last = self._sim_step(raw)
+        self._last = sim
         self._won = self._won or self._last.won
         obs, info = self._emit(self._last, action_valid=True)
         return obs, float(self._last.reward), bool(self._last.terminated), False, info
