@@ -31,6 +31,9 @@ SPECS: tuple[EnvSpec, ...] = (
     EnvSpec("gaca/WebShopBrowser-v0", "gaca_envs.webshop.browser:WebShopBrowserEnv", 15,
             requires=("bm25s", "Stemmer", "thefuzz", "spacy", "selenium", "flask", "bs4"),
             family="webshop"),
+    # 100: the scienceworld package's default step limit (ScienceWorldEnv(envStepLimit=100))
+    EnvSpec("gaca/ScienceWorld-v0", "gaca_envs.scienceworld.env:ScienceWorldEnv", 100,
+            requires=("scienceworld",), family="scienceworld"),
     EnvSpec("gaca/Diag-Corridor-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "corridor"}),
     EnvSpec("gaca/Diag-Signs-v0", "gaca_envs.diag.env:DiagEnv", 40,

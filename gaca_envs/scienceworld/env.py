@@ -1,0 +1,303 @@
+"""``gaca/ScienceWorld-v0``: ScienceWorld's 30 task types on the real engine."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections import OrderedDict
+from typing import Any, Iterable, Sequence
+
+from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, normalize_action
+from gaca_envs.scienceworld.canonical import state_key
+from gaca_envs.scienceworld.tasks import (list_variations, resolve_task_types,
+                                          simplification_string)
+
+#: The engine's answer to text its parser cannot read; nothing in the world changes.
+REJECTED = "No known action matches that input."
+#: The engine's question when an action could mean several objects.
+AMBIGUOUS = "Ambiguous request"
+JAVA_HINT = ("ScienceWorld's engine needs a Java runtime (java on PATH). Debian/Ubuntu: "
+             "sudo apt-get install default-jre-headless, or run bash scripts/setup.sh "
+             "scienceworld, which installs it")
+#: Admissible-action lists kept per state key (the engine takes 10-300 ms to list them).
+ACTION_CACHE_SIZE = 512
+
+
+#: How many gold recordings the expert asks for before it takes one that did not replay.
+GOLD_TRIES = 4
+
+
+def gold_action(plan: list[str], pending: bool) -> str | None:
+    """The gold path's next action (``plan`` is consumed by the caller). The recording was
+    made on one run of the world; where this run asks which object was meant and the
+    recording did not, the answer is ``0`` (the choices name interchangeable objects);
+    where the recording answered a question this run did not ask, the answer is skipped."""
+    if pending:
+        return plan[0] if plan and plan[0].isdigit() else "0"
+    while plan and plan[0].isdigit():
+        plan.pop(0)
+    return plan[0] if plan else None
+
+
+class ScienceWorldError(RuntimeError):
+    """ScienceWorld's engine could not start (Java or the package is missing)."""
+
+
+def start_engine():
+    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s)."""
+    if shutil.which("java") is None:
+        raise ScienceWorldError(JAVA_HINT)
+    try:
+        from scienceworld import ScienceWorldEnv as Engine
+    except ImportError as err:
+        raise ScienceWorldError("gaca/ScienceWorld-v0 needs the scienceworld package: "
+                                "pip install -e '.[scienceworld]'") from err
+    return Engine("", envStepLimit=sys.maxsize)
+
+
+class ScienceWorldEnv(TextEnv):
+    """ScienceWorld (Wang et al., 2022): 30 elementary-science task types in one simulated
+    house (matter, measurement, electricity, classification, biology, chemistry, forces,
+    genetics), on the engine of the ``scienceworld`` package (Scala, run in a JVM).
+
+    ## Description
+    Each task is one *variation* of one task type (``boil`` with variation 21, ...). The
+    agent moves between rooms, opens, takes, heats, connects, waits and ``focus on``-s the
+    object the task is about; ScienceWorld scores partial progress (0-100).
+
+    ## Action Space
+    ``Text``. ScienceWorld's parser reads free text: any action it accepts is played, also
+    when it is spelled otherwise than in ``info["admissible_actions"]`` (the engine lists
+    one name per object, its parser knows more: ``open door to kitchen`` is accepted while
+    the list says ``open kitchen door``). Text the parser rejects is a no-op
+    (``action_valid=False``, "Nothing happens."), as is anything over 1,024 characters.
+    When an action could mean several objects the engine asks which, listing numbered
+    choices: then only those numbers (``0``, ``1``, ...) are admissible.
+
+    ## Observation Space
+    ``Text``: the engine's answer; after a reset, the room (``look around``) and the task.
+
+    ## Starting State
+    Task ``k`` is the k-th (task type, variation) of the split: task types in ScienceWorld's
+    task-id order (1-1 boil ... 10-2 mendelian-genetics-unknown-plant), variations ascending
+    (``env.unwrapped.variations[k]``). Without ``options={"task_id": k}``, ``np_random``
+    draws it. A reset reloads the variation, which fully determines the world.
+
+    ## Rewards
+    ``(score_t - score_{t-1}) / 100`` with ``score = max(engine score, 0)``: ScienceWorld's
+    partial credit, so the rewards of an episode sum to its final ``info["score"]``. A
+    failed task (engine score -100, e.g. ``focus on`` the wrong object) scores 0: that
+    step takes back the credit earned so far.
+
+    ## Episode End
+    Terminated when the engine marks the task completed (``won`` when its score is 100) or
+    failed (score < 0, ``won=False``). Truncated by ``max_episode_steps=100``
+    (registration): the default step limit of the ``scienceworld`` package
+    (``ScienceWorldEnv(envStepLimit=100)``). Five task types have gold paths longer than
+    that on some variations (inclined-plane friction, mendelian genetics): give
+    ``gymnasium.make(..., max_episode_steps=N)`` to allow more.
+
+    ## Info
+    Contract keys plus ``score`` (in [0, 1]), ``task_type``, ``variation``. The admissible
+    actions are the engine's valid action-object combinations, typically 400-900 entries
+    and up to about 2,700 in the genetics tasks (many seeds and pots); they are cached per
+    state key. ``state_key`` hashes the engine's object tree (every object's properties,
+    contents and connections, ids left out, temperatures in 10 C bins), which doors are
+    open, the goal progress, the score and any pending question (see ``gaca_envs.scienceworld.canonical``): ``look around``, ``inventory``,
+    ``task`` and ``examine`` keep it; two paths to one world give one key. The world
+    also changes on its own between steps (a pot on a stove heats, plants grow, things
+    burn): the key then changes with it, even after ``look around`` or ``wait``.
+
+    ## Expert
+    ``env.unwrapped.expert_action()``: the engine's gold action sequence for the variation,
+    while the agent follows it (actions that change nothing, such as ``look around`` or a
+    rejected text, keep it). After any other departure it returns ``None``: ScienceWorld
+    has no planner to replan from an arbitrary state.
+
+    ## Arguments
+    ``split`` (``train``, ``dev``, ``test``: the engine's own variation lists),
+    ``task_types`` (names such as ``boil``, ids such as ``1-1``, or a comma-separated
+    string), ``simplifications`` (``easy``, or flags among ``teleportAction``,
+    ``selfWateringFlowerPots``, ``openContainers``, ``openDoors``, ``noElectricalAction``),
+    ``anchor``, ``render_mode``.
+
+    ## Version History
+    v0: initial version (scienceworld 1.2.3).
+    """
+
+    def __init__(self, split: str = "test", task_types: str | Sequence[str] | None = None,
+                 simplifications: str | Iterable[str] | None = None, anchor: Anchor = "state",
+                 render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode, anchor=anchor)
+        self.split = split
+        self.task_types = resolve_task_types(task_types)
+        self.simplifications = simplification_string(simplifications, self.task_types)
+        self._engine: Any = None
+        self._engine = start_engine()
+        self._server = self._engine.server
+        self.variations = list_variations(self._server, split, self.task_types)
+        self._tasks: dict[int, str] = {}
+        self._gold: dict[int, tuple[str, ...]] = {}
+        self._actions: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._plan: list[str] | None = None
+        self._score = 0.0
+        self._doors: list[tuple[str, Any]] = []
+        self._pending = ""  # the engine's open which-object question
+        self._answering = False  # the last action answered such a question
+        self._fresh = False  # no action has been played since the reset
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.variations)
+
+    def _sim_task(self, task_id: int) -> str:
+        return self._tasks.get(task_id, "")
+
+    # ------------------------------------------------------------- adapter
+    def _sim_reset(self, task_id: int) -> SimStep:
+        v = self.variations[task_id]
+        # A load seeds the engine's random generator with the variation; the initial world
+        # is a function of (task type, variation, simplifications) alone.
+        self._server.load(v.task_type, v.variation, self.simplifications, False)
+        self._tasks[task_id] = str(self._server.getTaskDescription()).strip()
+        self._doors = self._find_doors()
+        self._plan = list(self._gold[task_id]) if task_id in self._gold else None
+        self._score, self._pending, self._answering, self._fresh = 0.0, "", False, True
+        observation = f"{self._server.freeActionLook().strip()}\n\n{self._tasks[task_id]}"
+        return self._sim_state(observation, reward=0.0, done=False, won=False)
+
+    def _resolve(self, action: str) -> str | None:
+        shown = self._shown.get(action)
+        if shown is not None or self._pending:  # a pending question takes only its numbers
+            return shown
+        return action if 0 < len(action) <= MAX_ACTION_CHARS else None
+
+    def _sim_step(self, action: str) -> SimStep | None:
+        assert self._last is not None
+        observation = str(self._server.step(action))
+        if observation.startswith(REJECTED):
+            return None
+        engine_score = int(round(100 * float(self._server.getScore())))
+        completed = bool(self._server.getCompleted())
+        self._answering = bool(self._pending)
+        self._pending = observation if observation.startswith(AMBIGUOUS) else ""
+        score = max(engine_score, 0) / 100
+        reward, self._score = score - self._score, score
+        sim = self._sim_state(observation, reward=reward, done=completed or engine_score < 0,
+                              won=completed and engine_score >= 100, engine_score=engine_score)
+        self._follow_plan(action, self._last.state_key, sim.state_key)
+        return sim
+
+    def _sim_state(self, observation: str, reward: float, done: bool, won: bool,
+                   engine_score: int = 0) -> SimStep:
+        assert self._task_id is not None
+        v = self.variations[self._task_id]
+        key = state_key((v.task_type, str(v.variation), self.simplifications),
+                        self._engine.getObjectTree(), str(self._server.getGoalProgressStr()),
+                        engine_score, self._pending,
+                        [(label, bool(door.isOpen())) for label, door in self._doors])
+        return SimStep(observation, () if done else self._admissible(key), key, reward=reward,
+                       terminated=done, won=won,
+                       extra_info={"score": self._score, "task_type": v.task_type,
+                                   "variation": v.variation})
+
+    def _find_doors(self) -> list[tuple[str, Any]]:
+        """(label, the engine's door properties) of every door between two rooms; the
+        label names the door and the rooms it joins (the object tree has no doors)."""
+        node = self._server.agent().get()
+        while node.getContainer().isDefined():
+            node = node.getContainer().get()
+        doors: dict[int, tuple[str, Any]] = {}
+        rooms = node.getContainedObjects(False).toList()
+        for i in range(rooms.size()):
+            portals = rooms.apply(i).getPortals(False).toList()
+            for j in range(portals.size()):
+                door = portals.apply(j)
+                rooms_joined = sorted([str(door.connectsFrom().name()),
+                                       str(door.connectsTo().name())])
+                doors[int(door.uuid())] = (f"{door.name()}:{'|'.join(rooms_joined)}",
+                                           door.propPortal().get())
+        return sorted(doors.values(), key=lambda d: d[0])
+
+    def _admissible(self, key: str) -> tuple[str, ...]:
+        """The engine's valid actions in this state (cached per state key). The list
+        crosses from Java as one string: element by element it costs ~30 us each."""
+        actions = self._actions.get(key)
+        if actions is None:
+            listed = self._server.getValidActionObjectCombinations()
+            count = int(listed.size())
+            text = str(listed.toString())[1:-1]
+            items = text.split(", ") if count else []
+            if len(items) != count:  # an action with ", " in it: fetch one by one
+                items = [str(a) for a in listed]
+            actions = tuple(sorted({sys.intern(a) for a in items}))
+            self._actions[key] = actions
+            if len(self._actions) > ACTION_CACHE_SIZE:
+                self._actions.popitem(last=False)
+        else:
+            self._actions.move_to_end(key)
+        return actions
+
+    # ------------------------------------------------------------- expert
+    def _follow_plan(self, action: str, before: str, after: str) -> None:
+        """Keep the gold path while the agent follows it or changes nothing; an answer to
+        the engine's which-object question never counts as a departure."""
+        if self._plan and self._plan[0] == action:
+            self._plan.pop(0)
+        elif before != after and not self._answering:
+            self._plan = None
+        self._fresh = False
+
+    def expert_action(self) -> str | None:
+        """The next gold action, or ``None`` after a departure (no replanning). The gold
+        path is made on the episode's first call (it must come at its start)."""
+        if self._last is None:
+            raise RuntimeError("call reset() before expert_action()")
+        if self._plan is None and self._fresh and self._task_id not in self._gold:
+            self._gold[self._task_id] = self._make_gold(self._task_id)
+            self._plan = list(self._gold[self._task_id])
+        return gold_action(self._plan, bool(self._pending)) if self._plan else None
+
+    def _make_gold(self, task_id: int) -> tuple[str, ...]:
+        """The engine's gold action sequence, checked by playing it: in the task types with
+        random dynamics (pollination, genetics) the engine's recording may not replay, and
+        a new one is asked for (up to ``GOLD_TRIES`` times). Leaves the world at its start."""
+        v = self.variations[task_id]
+        first: tuple[str, ...] = ()
+        for _ in range(GOLD_TRIES):
+            self._server.load(v.task_type, v.variation, self.simplifications, True)
+            gold = tuple(normalize_action(a) for a in self._server.getGoldActionSequence())
+            self._server.load(v.task_type, v.variation, self.simplifications, False)
+            first = first or gold
+            if self._replays(gold):
+                break
+            gold = ()
+        if not gold:
+            gold = first
+        self._server.load(v.task_type, v.variation, self.simplifications, False)
+        self._doors = self._find_doors()  # the reloaded world's doors
+        return gold
+
+    def _replays(self, gold: tuple[str, ...]) -> bool:
+        """Whether ``gold`` wins from the loaded start (the engine alone: no tree, no list)."""
+        plan, pending = list(gold), False
+        for _ in range(len(gold) * 2):
+            action = gold_action(plan, pending)
+            if action is None:
+                return False
+            observation = str(self._server.step(action))
+            if observation.startswith(REJECTED):
+                return False
+            if plan and plan[0] == action:
+                plan.pop(0)
+            pending = observation.startswith(AMBIGUOUS)
+            if self._server.getCompleted() or self._server.getScore() < 0:
+                return self._server.getScore() >= 1.0
+        return False
+
+    def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+            engine.close = lambda: None  # its __del__ closes again
+        super().close()
