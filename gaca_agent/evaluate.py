@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", help="random, expert, hf:PATH, smollm2, "
                         "openai:BASE_URL#MODEL, human, python:MODULE:FACTORY")
     parser.add_argument("--policy-kwargs", nargs="*", default=[], help="key=value ...")
-    parser.add_argument("--episodes", default="10", help="a number, or 'all'")
+    parser.add_argument("--episodes", default=None,
+                        help="a number, or 'all' (default 10; with --suite, each part's own)")
     parser.add_argument("--group-size", type=int, default=1,
                         help="play each planned episode this many times from the same seed "
                              "(task groups, as in training; for gaca-audit)")
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from gaca_agent import suites
 
+    episodes_given = args.episodes is not None
+    args.episodes = args.episodes if episodes_given else "10"
     if args.list_suites:
         for name, suite in suites.SUITES.items():
             print(f"{name} (v{suite.version}): {suite.description}")
@@ -230,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or Path("runs") / "suites" / args.suite
             table = suites.run_suite(args.suite, args.policy, out, workers=args.workers,
                                      seed=args.seed, policy_kwargs=policy_kwargs,
-                                     max_live_envs=args.max_live_envs)
+                                     max_live_envs=args.max_live_envs,
+                                     episodes=args.episodes if episodes_given else None)
             print(table)
             return 0
         if not args.env:

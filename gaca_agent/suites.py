@@ -39,6 +39,22 @@ SUITES: dict[str, Suite] = {
 }
 
 
+def _scienceworld() -> Suite:
+    """One part per task type: ``SCIENCEWORLD_EPISODES`` evenly spaced variations of its
+    test split (``gaca-eval``'s plan: task ids ``floor(i * n / k)``)."""
+    from gaca_envs.scienceworld.tasks import TASK_TYPES
+
+    return Suite("1", f"ScienceWorld test split, {SCIENCEWORLD_EPISODES} evenly spaced "
+                      "variations of each of the 30 task types (--episodes all: every one)",
+                 tuple(Part(task, "gaca/ScienceWorld-v0", {"split": "test", "task_types": task},
+                            str(SCIENCEWORLD_EPISODES)) for task in TASK_TYPES))
+
+
+#: Test variations per ScienceWorld task type in the ``scienceworld`` suite.
+SCIENCEWORLD_EPISODES = 2
+SUITES["scienceworld"] = _scienceworld()
+
+
 def get_suite(name: str) -> Suite:
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; valid: {sorted(SUITES)}")
@@ -52,13 +68,15 @@ def run_suite(name: str, policy_spec: str, out: Path, **kwargs: Any) -> str:
 
     suite = get_suite(name)
     policy = make_policy(policy_spec, **(kwargs.pop("policy_kwargs", None) or {}))
+    episodes = kwargs.pop("episodes", None)
     rows = {}
     for part in suite.parts:
-        res = evaluate(part.env_id, part.env_kwargs, policy_spec, part.episodes,
+        res = evaluate(part.env_id, part.env_kwargs, policy_spec, episodes or part.episodes,
                        out / part.name, policy=policy, **kwargs)
         rows[part.name] = {k: res[k] for k in ("n", "failed", "success_rate", "success_ci95",
                                                "mean_score", "mean_steps")}
-    table = {"suite": name, "version": suite.version, "policy": policy_spec, "parts": rows}
+    table = {"suite": name, "version": suite.version if not episodes else
+             f"{suite.version}-episodes-{episodes}", "policy": policy_spec, "parts": rows}
     (out / "suite.json").write_text(json.dumps(table, indent=2))
     md = markdown([table])
     (out / "suite.md").write_text(md + "\n")
@@ -78,7 +96,11 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def markdown(tables: list[dict[str, Any]]) -> str:
+    """Parts as columns; with more than four parts (ScienceWorld's 30 task types), one
+    row per part and one column per table."""
     parts = sorted({p for t in tables for p in t["parts"]})
+    if len(parts) > 4:
+        return _long_markdown(tables)
     head = "| policy | suite | " + " | ".join(f"{p} success (95% CI) / score" for p in parts) + " |"
     lines = [head, "|---|---|" + "---|" * len(parts)]
     for t in tables:
@@ -89,6 +111,31 @@ def markdown(tables: list[dict[str, Any]]) -> str:
                          f"{r['success_rate']:.3f} ({r['success_ci95'][0]:.2f}-"
                          f"{r['success_ci95'][1]:.2f}) / {r['mean_score']:.3f}, n={r['n']}")
         lines.append(f"| {t['policy']} | {t['suite']} v{t['version']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    return (f"{r['success_rate']:.3f} ({r['success_ci95'][0]:.2f}-{r['success_ci95'][1]:.2f})"
+            f" / {r['mean_score']:.3f}, n={r['n']}")
+
+
+def _long_markdown(tables: list[dict[str, Any]]) -> str:
+    order = list(dict.fromkeys(p for t in tables for p in t["parts"]))  # the suite's order
+    head = "| part | " + " | ".join(f"{t['policy']} ({t['suite']} v{t['version']}) success "
+                                    "(95% CI) / score" for t in tables) + " |"
+    lines = [head, "|---|" + "---|" * len(tables)]
+    for p in order:
+        lines.append(f"| {p} | " + " | ".join(_cell(t["parts"].get(p)) for t in tables) + " |")
+    for t in tables:
+        done = [r for r in t["parts"].values() if r["n"]]
+        if done:
+            n = sum(r["n"] for r in done)
+            lines.append(f"| all ({t['policy']}) | success "
+                         f"{sum(r['success_rate'] * r['n'] for r in done) / n:.3f} / score "
+                         f"{sum(r['mean_score'] * r['n'] for r in done) / n:.3f}, n={n} |"
+                         + " |" * (len(tables) - 1))
     return "\n".join(lines)
 
 

@@ -163,6 +163,23 @@ def test_gaca_eval_on_webshop_expert_and_suite_compare(tmp_path):
     assert "diag v1" in text and "gaca/WebShop-v0" in text
 
 
+def test_suite_episodes_override_and_per_part_rows(tmp_path):
+    from gaca_agent import suites
+
+    table = suites.run_suite("diag", "expert", tmp_path / "s", progress=False, episodes="2")
+    saved = json.loads((tmp_path / "s" / "suite.json").read_text())
+    assert {r["n"] for r in saved["parts"].values()} == {2}  # --episodes replaced 'all'
+    assert saved["version"] == "1-episodes-2" and "diag v1-episodes-2" in table
+    row = {"n": 2, "failed": 0, "success_rate": 0.5, "success_ci95": [0.1, 0.9],
+           "mean_score": 0.75, "mean_steps": 3.0}
+    many = {"suite": "x", "version": "1", "policy": "p",
+            "parts": {f"type{i}": dict(row, n=i + 1) for i in range(6)}}
+    lines = suites.markdown([many]).splitlines()
+    assert len(lines) == 2 + 6 + 1  # one row per part, then the total
+    assert lines[2].startswith("| type0 | 0.500") and lines[-1].startswith("| all (p) |")
+    assert "n=21" in lines[-1]
+
+
 def test_plan_spreads_partial_evaluations_evenly():
     assert plan(3, 140, 0) == [(0, 0), (46, 1), (93, 2)]
     assert plan("all", 4, 10) == [(0, 10), (1, 11), (2, 12), (3, 13)]
