@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
 from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, normalize_action
@@ -19,8 +18,6 @@ AMBIGUOUS = "Ambiguous request"
 JAVA_HINT = ("ScienceWorld's engine needs a Java runtime (java on PATH). Debian/Ubuntu: "
              "sudo apt-get install default-jre-headless, or run bash scripts/setup.sh "
              "scienceworld, which installs it")
-#: Admissible-action lists kept per state key (the engine takes 10-300 ms to list them).
-ACTION_CACHE_SIZE = 512
 
 
 #: How many gold recordings the expert asks for before it takes one that did not replay.
@@ -99,20 +96,38 @@ class ScienceWorldEnv(TextEnv):
 
     ## Info
     Contract keys plus ``score`` (in [0, 1]), ``task_type``, ``variation``. The admissible
-    actions are the engine's valid action-object combinations, typically 400-900 entries
-    and up to about 2,700 in the genetics tasks (many seeds and pots); they are cached per
-    state key. ``state_key`` hashes the engine's object tree (every object's properties,
-    contents and connections, ids left out, temperatures in 10 C bins), which doors are
-    open, the goal progress, the score and any pending question (see ``gaca_envs.scienceworld.canonical``): ``look around``, ``inventory``,
-    ``task`` and ``examine`` keep it; two paths to one world give one key. The world
-    also changes on its own between steps (a pot on a stove heats, plants grow, things
-    burn): the key then changes with it, even after ``look around`` or ``wait``.
+    actions are the engine's valid action-object combinations: 400-900 at the start of a
+    task, thousands once containers are open (median 2,765 and up to 8,362 over the gold
+    paths of boil, grow-fruit and the two genetics types). Listing them draws from the
+    engine's random generator, so they are listed on every step, never cached.
+    ``state_key`` hashes the engine's object tree (every object's properties, contents
+    and connections, ids left out, temperatures in 10 C bins), which doors are open, the
+    goal progress, the score and any pending question (see
+    ``gaca_envs.scienceworld.canonical``): ``look around``, ``inventory``, ``task`` and
+    ``look at``/``examine`` keep it; two paths to one world give one key. The world also
+    changes on its own (the first tick adds objects outside, the house drifts towards
+    thermal equilibrium, pots heat, plants grow, animals wander): the key then changes
+    with it, even after ``look around`` or ``wait``. Drains are not in the key.
 
     ## Expert
     ``env.unwrapped.expert_action()``: the engine's gold action sequence for the variation,
     while the agent follows it (actions that change nothing, such as ``look around`` or a
     rejected text, keep it). After any other departure it returns ``None``: ScienceWorld
-    has no planner to replan from an arbitrary state.
+    has no planner to replan from an arbitrary state. The recording is made on the
+    episode's first call and checked by playing it (up to ``GOLD_TRIES`` recordings).
+    In the task types with random dynamics (bees and pollination: grow-fruit, the
+    genetics types) the engine's worlds depend on what the JVM ran before (see
+    Determinism), so a checked recording can still fail: when the engine rejects the
+    expert's own next action, the expert returns ``None`` and the next episode of that
+    task records anew.
+
+    ## Determinism
+    A reset reloads the variation, which seeds the engine's random generator: the first
+    observation and key of a task are the same in every process, and the deterministic
+    task types replay exactly. Where bees pollinate (grow-fruit, mendelian genetics) the
+    engine does not: the same actions after a reset of the same task gave a different
+    world from step 59 of a grow-fruit episode, episode after episode in one process
+    (every load seeds the generator, so some other state of the engine carries over).
 
     ## Arguments
     ``split`` (``train``, ``dev``, ``test``: the engine's own variation lists),
@@ -138,7 +153,6 @@ class ScienceWorldEnv(TextEnv):
         self.variations = list_variations(self._server, split, self.task_types)
         self._tasks: dict[int, str] = {}
         self._gold: dict[int, tuple[str, ...]] = {}
-        self._actions: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._plan: list[str] | None = None
         self._score = 0.0
         self._doors: list[tuple[str, Any]] = []
@@ -155,16 +169,20 @@ class ScienceWorldEnv(TextEnv):
 
     # ------------------------------------------------------------- adapter
     def _sim_reset(self, task_id: int) -> SimStep:
+        observation = self._load(task_id)
+        self._plan = list(self._gold[task_id]) if task_id in self._gold else None
+        self._score, self._pending, self._answering, self._fresh = 0.0, "", False, True
+        return self._sim_state(observation, reward=0.0, done=False, won=False)
+
+    def _load(self, task_id: int) -> str:
+        """Load task ``task_id`` afresh; its first observation (the room and the task). A
+        load seeds the engine's random generator with the variation: the initial world is
+        a function of (task type, variation, simplifications) alone."""
         v = self.variations[task_id]
-        # A load seeds the engine's random generator with the variation; the initial world
-        # is a function of (task type, variation, simplifications) alone.
         self._server.load(v.task_type, v.variation, self.simplifications, False)
         self._tasks[task_id] = str(self._server.getTaskDescription()).strip()
         self._doors = self._find_doors()
-        self._plan = list(self._gold[task_id]) if task_id in self._gold else None
-        self._score, self._pending, self._answering, self._fresh = 0.0, "", False, True
-        observation = f"{self._server.freeActionLook().strip()}\n\n{self._tasks[task_id]}"
-        return self._sim_state(observation, reward=0.0, done=False, won=False)
+        return f"{self._server.freeActionLook().strip()}\n\n{self._tasks[task_id]}"
 
     def _resolve(self, action: str) -> str | None:
         shown = self._shown.get(action)
@@ -176,6 +194,9 @@ class ScienceWorldEnv(TextEnv):
         assert self._last is not None
         observation = str(self._server.step(action))
         if observation.startswith(REJECTED):
+            if self._plan and self._plan[0] == action:  # the recording does not replay here
+                self._gold.pop(self._task_id, None)  # the next episode records anew
+                self._plan = None
             return None
         engine_score = int(round(100 * float(self._server.getScore())))
         completed = bool(self._server.getCompleted())
@@ -192,14 +213,23 @@ class ScienceWorldEnv(TextEnv):
                    engine_score: int = 0) -> SimStep:
         assert self._task_id is not None
         v = self.variations[self._task_id]
-        key = state_key((v.task_type, str(v.variation), self.simplifications),
-                        self._engine.getObjectTree(), str(self._server.getGoalProgressStr()),
-                        engine_score, self._pending,
-                        [(label, bool(door.isOpen())) for label, door in self._doors])
-        return SimStep(observation, () if done else self._admissible(key), key, reward=reward,
-                       terminated=done, won=won,
+        tree, goal, doors, actions = self._read_engine(done)
+        key = state_key((v.task_type, str(v.variation), self.simplifications), tree, goal,
+                        engine_score, self._pending, doors)
+        return SimStep(observation, actions, key, reward=reward, terminated=done, won=won,
                        extra_info={"score": self._score, "task_type": v.task_type,
                                    "variation": v.variation})
+
+    def _read_engine(self, done: bool) -> tuple[dict, str, list[tuple[str, bool]],
+                                                  tuple[str, ...]]:
+        """Object tree, goal progress, doors and (unless ``done``) the valid actions: what
+        every step reads, in one order. Listing the valid actions draws from the engine's
+        random generator (object descriptions), so it is never skipped or cached: the
+        same actions then give the same worlds."""
+        tree = self._engine.getObjectTree()
+        goal = str(self._server.getGoalProgressStr())
+        doors = [(label, bool(door.isOpen())) for label, door in self._doors]
+        return tree, goal, doors, () if done else self._valid_actions()
 
     def _find_doors(self) -> list[tuple[str, Any]]:
         """(label, the engine's door properties) of every door between two rooms; the
@@ -219,24 +249,16 @@ class ScienceWorldEnv(TextEnv):
                                            door.propPortal().get())
         return sorted(doors.values(), key=lambda d: d[0])
 
-    def _admissible(self, key: str) -> tuple[str, ...]:
-        """The engine's valid actions in this state (cached per state key). The list
-        crosses from Java as one string: element by element it costs ~30 us each."""
-        actions = self._actions.get(key)
-        if actions is None:
-            listed = self._server.getValidActionObjectCombinations()
-            count = int(listed.size())
-            text = str(listed.toString())[1:-1]
-            items = text.split(", ") if count else []
-            if len(items) != count:  # an action with ", " in it: fetch one by one
-                items = [str(a) for a in listed]
-            actions = tuple(sorted({sys.intern(a) for a in items}))
-            self._actions[key] = actions
-            if len(self._actions) > ACTION_CACHE_SIZE:
-                self._actions.popitem(last=False)
-        else:
-            self._actions.move_to_end(key)
-        return actions
+    def _valid_actions(self) -> tuple[str, ...]:
+        """The engine's valid action-object combinations. The list crosses from Java as
+        one string: element by element, as the package fetches it, costs ~30 us each."""
+        listed = self._server.getValidActionObjectCombinations()
+        count = int(listed.size())
+        text = str(listed.toString())[1:-1]
+        items = text.split(", ") if count else []
+        if len(items) != count:  # an action with ", " in it: fetch one by one
+            items = [str(a) for a in listed]
+        return tuple(sorted(set(items)))
 
     # ------------------------------------------------------------- expert
     def _follow_plan(self, action: str, before: str, after: str) -> None:
@@ -267,19 +289,19 @@ class ScienceWorldEnv(TextEnv):
         for _ in range(GOLD_TRIES):
             self._server.load(v.task_type, v.variation, self.simplifications, True)
             gold = tuple(normalize_action(a) for a in self._server.getGoldActionSequence())
-            self._server.load(v.task_type, v.variation, self.simplifications, False)
+            self._load(task_id)
+            self._read_engine(done=False)  # as the reset does
             first = first or gold
             if self._replays(gold):
                 break
             gold = ()
         if not gold:
             gold = first
-        self._server.load(v.task_type, v.variation, self.simplifications, False)
-        self._doors = self._find_doors()  # the reloaded world's doors
+        self._load(task_id)  # the episode's start again (the same world: see _load)
         return gold
 
     def _replays(self, gold: tuple[str, ...]) -> bool:
-        """Whether ``gold`` wins from the loaded start (the engine alone: no tree, no list)."""
+        """Whether ``gold`` wins from the loaded start, read step by step as the env does."""
         plan, pending = list(gold), False
         for _ in range(len(gold) * 2):
             action = gold_action(plan, pending)
@@ -293,6 +315,7 @@ class ScienceWorldEnv(TextEnv):
             pending = observation.startswith(AMBIGUOUS)
             if self._server.getCompleted() or self._server.getScore() < 0:
                 return self._server.getScore() >= 1.0
+            self._read_engine(done=False)  # as the env's step does
         return False
 
     def close(self) -> None:
