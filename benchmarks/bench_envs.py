@@ -12,6 +12,16 @@ game is played many times) and, separately, cold (empty cache). Steps replay eac
 walkthrough in both; the wrapper's figure includes the canonical state key and the info.
 
     python benchmarks/bench_envs.py --games 10 [--split valid_seen] [--json out.json]
+
+ScienceWorld (``--env scienceworld``): the ``scienceworld`` package's own env (its
+``load`` + ``reset``, its ``step``, which returns the valid-action list in its info) vs
+``gaca/ScienceWorld-v0`` (its ``reset``, its ``step`` with the state key, the admissible
+actions and the info), one JVM each, on the first test variation of ``--types`` evenly
+spaced task types, the same gold actions in both (the first ``--steps`` of each),
+interleaved; then the memory of one env process (Python + its JVM) over ``--resets``
+resets with a few steps each.
+
+    python benchmarks/bench_envs.py --env scienceworld --types 10 --steps 40 --resets 200
 """
 
 from __future__ import annotations
@@ -66,12 +76,104 @@ def wrapper_episode(env, task_id: int):
     return reset, steps
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def scienceworld(args) -> dict:
+    import gymnasium as gym
+    from scienceworld import ScienceWorldEnv as Raw
+
+    import gaca_envs
+
+    gym.register_envs(gaca_envs)
+    env = gym.make("gaca/ScienceWorld-v0", split="test", max_episode_steps=None)
+    u = env.unwrapped
+    raw = Raw("", envStepLimit=10**9)
+    first: dict[str, int] = {}
+    for k, v in enumerate(u.variations):
+        first.setdefault(v.task_type, k)
+    types = list(first)[:: max(1, len(first) // args.types)][: args.types]
+    steps: dict[str, list[float]] = {"raw": [], "gaca": []}
+    resets: dict[str, list[float]] = {"raw": [], "gaca": []}
+    sizes: list[int] = []
+    for task in types:
+        k = first[task]
+        env.reset(options={"task_id": k})
+        gold = []
+        while len(gold) < args.steps and (a := u.expert_action()) is not None:
+            gold.append(a)
+            *_, term, trunc, _ = env.step(a)
+            if term:
+                break
+        for _ in range(2):  # interleaved: noise hits both sides alike
+            t0 = time.perf_counter()
+            raw.load(task, u.variations[k].variation, "")
+            raw.reset()
+            resets["raw"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            env.reset(options={"task_id": k})
+            resets["gaca"].append(time.perf_counter() - t0)
+            for a in gold:
+                t0 = time.perf_counter()
+                raw.step(a)
+                steps["raw"].append(time.perf_counter() - t0)
+            for a in gold:
+                t0 = time.perf_counter()
+                info = env.step(a)[4]
+                steps["gaca"].append(time.perf_counter() - t0)
+                sizes.append(len(info["admissible_actions"]))
+        print(f"{task:45s} {len(gold):3d} gold steps; median step raw "
+              f"{1e3 * statistics.median(steps['raw'][-len(gold):]):6.1f} ms, gaca "
+              f"{1e3 * statistics.median(steps['gaca'][-len(gold):]):6.1f} ms", flush=True)
+    raw.close()
+    # memory of one env process (Python + JVM) over many resets
+    java = u._engine._gateway.java_process.pid
+    mem = []
+    for i in range(args.resets):
+        env.reset(options={"task_id": first[types[i % len(types)]]})
+        for _ in range(3):
+            env.step("look around")
+            env.step("wait1")
+        if i in (9, args.resets - 1):
+            mem.append(_rss_mb(os.getpid()) + _rss_mb(java))
+    env.close()
+    summary = {
+        "task_types": len(types), "steps": len(steps["gaca"]),
+        "raw_step_median_ms": 1e3 * statistics.median(steps["raw"]),
+        "gaca_step_median_ms": 1e3 * statistics.median(steps["gaca"]),
+        "raw_step_mean_ms": 1e3 * statistics.mean(steps["raw"]),
+        "gaca_step_mean_ms": 1e3 * statistics.mean(steps["gaca"]),
+        "raw_reset_median_ms": 1e3 * statistics.median(resets["raw"]),
+        "gaca_reset_median_ms": 1e3 * statistics.median(resets["gaca"]),
+        "admissible_actions_median": statistics.median(sizes),
+        "admissible_actions_max": max(sizes),
+        "rss_mb_after_10_resets": mem[0], f"rss_mb_after_{args.resets}_resets": mem[-1],
+    }
+    summary["step_overhead_median"] = (summary["gaca_step_median_ms"]
+                                       / summary["raw_step_median_ms"] - 1)
+    summary["step_overhead_mean"] = summary["gaca_step_mean_ms"] / summary["raw_step_mean_ms"] - 1
+    return summary
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=["alfworld", "scienceworld"], default="alfworld")
     parser.add_argument("--games", type=int, default=10)
     parser.add_argument("--split", default="valid_seen")
+    parser.add_argument("--types", type=int, default=10, help="ScienceWorld task types")
+    parser.add_argument("--steps", type=int, default=40, help="ScienceWorld gold steps each")
+    parser.add_argument("--resets", type=int, default=200, help="ScienceWorld memory check")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.env == "scienceworld":
+        summary = scienceworld(args)
+        print(json.dumps(summary, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=2)
+        return 0
 
     os.environ["GACA_CACHE"] = tempfile.mkdtemp(prefix="gaca-bench-")  # start cold
     import gymnasium as gym

@@ -96,12 +96,14 @@ def test_task_type_and_simplification_arguments():
         simplification_string("noElectricalAction", ["power-component"])
 
 
-def test_missing_java_is_a_clear_error(monkeypatch):
+def test_missing_java_or_bad_split_is_a_clear_error(monkeypatch):
     from gaca_envs.scienceworld import env as sw
 
+    with pytest.raises(ValueError, match="split must be one of"):
+        sw.ScienceWorldEnv(split="valid")  # before any engine starts
     monkeypatch.setattr(sw.shutil, "which", lambda name: None)
     with pytest.raises(sw.ScienceWorldError, match="default-jre-headless"):
-        sw.start_engine()
+        gym.make("gaca/ScienceWorld-v0", split="test")
 
 
 # ------------------------------------------------------------------ engine

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from typing import Any, Iterable, Sequence
 
 from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, normalize_action
 from gaca_envs.scienceworld.canonical import state_key
-from gaca_envs.scienceworld.tasks import (list_variations, resolve_task_types,
+from gaca_envs.scienceworld.tasks import (SPLITS, list_variations, resolve_task_types,
                                           simplification_string)
 
 #: The engine's answer to text its parser cannot read; nothing in the world changes.
@@ -40,15 +41,21 @@ class ScienceWorldError(RuntimeError):
     """ScienceWorld's engine could not start (Java or the package is missing)."""
 
 
-def start_engine():
-    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s)."""
+def check_requirements() -> None:
+    """Raise :class:`ScienceWorldError` naming what to install when Java or the
+    ``scienceworld`` package is missing."""
     if shutil.which("java") is None:
         raise ScienceWorldError(JAVA_HINT)
-    try:
-        from scienceworld import ScienceWorldEnv as Engine
-    except ImportError as err:
+    if importlib.util.find_spec("scienceworld") is None:
         raise ScienceWorldError("gaca/ScienceWorld-v0 needs the scienceworld package: "
-                                "pip install -e '.[scienceworld]'") from err
+                                "pip install -e '.[scienceworld]'")
+
+
+def start_engine():
+    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s)."""
+    check_requirements()
+    from scienceworld import ScienceWorldEnv as Engine
+
     return Engine("", envStepLimit=sys.maxsize)
 
 
@@ -144,6 +151,9 @@ class ScienceWorldEnv(TextEnv):
                  simplifications: str | Iterable[str] | None = None, anchor: Anchor = "state",
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode, anchor=anchor)
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        check_requirements()  # before the arguments: their check reads the package
         self.split = split
         self.task_types = resolve_task_types(task_types)
         self.simplifications = simplification_string(simplifications, self.task_types)
@@ -250,8 +260,9 @@ class ScienceWorldEnv(TextEnv):
         return sorted(doors.values(), key=lambda d: d[0])
 
     def _valid_actions(self) -> tuple[str, ...]:
-        """The engine's valid action-object combinations. The list crosses from Java as
-        one string: element by element, as the package fetches it, costs ~30 us each."""
+        """The engine's valid action-object combinations, fetched as one string (one call
+        to the JVM instead of one per action, as the package's ``list()`` makes: 14-28 ms
+        vs 80-92 ms for 2,375 actions of a genetics state, measured side by side)."""
         listed = self._server.getValidActionObjectCombinations()
         count = int(listed.size())
         text = str(listed.toString())[1:-1]
