@@ -172,9 +172,14 @@ def test_micro_batches_accumulate_to_the_same_update(tiny_model_path, agg):
     # the accumulated gradient is the same (Adam's first step, ~lr * sign(g), would
     # amplify rounding in near-zero components, so gradients are compared, then params)
     assert all(torch.allclose(ga[k], gb[k], rtol=1e-4, atol=1e-7) for k in ga)
+    # The parameters after that step: a wrong accumulation would move nearly every
+    # element by ~lr (0.01); rounding moves a handful (measured: 2 of 124,416 by 1.4e-5,
+    # after the tokenizer's training text changed) by ~1e-5.
     pa, pb = params(a.unwrapped), params(b.unwrapped)
-    close = sum(torch.allclose(pa[k], pb[k], atol=1e-5) for k in pa)
-    assert close >= len(pa) - 1
+    total = sum(v.numel() for v in pa.values())
+    off = sum(int((~torch.isclose(pa[k], pb[k], rtol=0, atol=1e-5)).sum()) for k in pa)
+    assert off <= total // 10_000
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-4
 
 
 def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tiny_model_path):
