@@ -2,8 +2,9 @@
 
 Each turn shows the observation and the admissible actions, numbered. Type a number to
 take that action, or any text (it is sent as is; an inadmissible one does nothing; an
-empty line is ignored). Commands: ``:expert`` (take the expert's action, where the env
-has one), ``:reset``, ``:quit``. When an episode ends the next one starts (the same task
+empty line is ignored). Lists longer than 60 (ScienceWorld) are only counted; ``:actions``
+prints them. Commands: ``:expert`` (take the expert's action, where the env has one),
+``:actions``, ``:reset``, ``:quit``. When an episode ends the next one starts (the same task
 with ``--task-id``, else a new draw); play goes on until ``:quit`` or end of input.
 """
 
@@ -18,6 +19,10 @@ import gymnasium as gym
 import gaca_envs
 
 gym.register_envs(gaca_envs)
+
+
+#: Longer admissible lists are not printed every turn (``:actions`` prints them).
+LIST_LIMIT = 60
 
 
 def parse_kwargs(items: list[str]) -> dict[str, Any]:
@@ -62,8 +67,11 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
         if show:
             say(f"\n{obs}\n")
             actions = info["admissible_actions"]
-            for i, action in enumerate(actions, 1):
-                say(f"  {i:3d}. {action}")
+            if len(actions) <= LIST_LIMIT:
+                for i, action in enumerate(actions, 1):
+                    say(f"  {i:3d}. {action}")
+            else:  # ScienceWorld lists hundreds to thousands
+                say(f"  ({len(actions)} admissible actions: :actions lists them numbered)")
         show = True
         stdout.write("> ")
         stdout.flush()
@@ -72,6 +80,11 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
             say("\nbye")
             return returns
         if not line.strip():  # nothing typed: not a step
+            show = False
+            continue
+        if line.strip() == ":actions":
+            for i, action in enumerate(actions, 1):
+                say(f"  {i:3d}. {action}")
             show = False
             continue
         if line.strip() == ":reset":

@@ -64,6 +64,20 @@ def test_play_numbers_text_and_expert():
     assert choose("1", ("a", "b")) == "a" and choose("9", ("a",)) == "9"
 
 
+def test_play_counts_long_action_lists_and_lists_them_on_demand(monkeypatch):
+    import gaca_envs.play as play_module
+
+    env = gym.make("gaca/Diag-Corridor-v0", split="test")
+    n = len(env.reset(options={"task_id": 0})[1]["admissible_actions"])
+    monkeypatch.setattr(play_module, "LIST_LIMIT", n - 1)  # as if the list were long
+    out = io.StringIO()
+    play(env, seed=0, task_id=0, stdin=io.StringIO(":actions\n1\n"), stdout=out)
+    text = out.getvalue()
+    assert f"({n} admissible actions: :actions lists them numbered)" in text
+    assert text.count("    1. ") == 1  # printed once, by :actions, then "1" is played
+    assert "(not admissible" not in text
+
+
 def test_play_cli_quits_cleanly():
     cmd = [sys.executable, "-m", "gaca_envs.play", "gaca/Diag-Slippery-v0", "split=test",
            "--task-id", "1"]

@@ -234,8 +234,8 @@ class ScienceWorldEnv(TextEnv):
                                                   tuple[str, ...]]:
         """Object tree, goal progress, doors and (unless ``done``) the valid actions: what
         every step reads, in one order. Listing the valid actions draws from the engine's
-        random generator (object descriptions), so it is never skipped or cached: the
-        same actions then give the same worlds."""
+        random generator (object descriptions), so it is never skipped or cached: with a
+        cache, what happened next depended on which states had been listed before."""
         tree = self._engine.getObjectTree()
         goal = str(self._server.getGoalProgressStr())
         doors = [(label, bool(door.isOpen())) for label, door in self._doors]
