@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
-#: ScienceWorld's individual simplification flags; ``easy`` is its preset of all of them
-#: (the engine leaves ``noElectricalAction`` out of ``easy`` for the electrical tasks).
+#: ScienceWorld's individual simplification flags. Its ``easy`` preset is teleportAction,
+#: openDoors, selfWateringFlowerPots and noElectricalAction, the last left out for the
+#: electrical tasks (the engine's getSimplificationsUsed, read on boil and power-component).
 SIMPLIFICATIONS: tuple[str, ...] = ("teleportAction", "selfWateringFlowerPots",
                                     "openContainers", "openDoors", "noElectricalAction")
 _ELECTRICAL = ("power-component", "conductivity")
