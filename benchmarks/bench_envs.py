@@ -76,13 +76,9 @@ def wrapper_episode(env, task_id: int):
     return reset, steps
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
 def scienceworld(args) -> dict:
     import gymnasium as gym
+    from bench_env_server import rss_mb
     from scienceworld import ScienceWorldEnv as Raw
 
     import gaca_envs
@@ -137,7 +133,7 @@ def scienceworld(args) -> dict:
             env.step("look around")
             env.step("wait1")
         if i in (9, args.resets - 1):
-            mem.append(_rss_mb(os.getpid()) + _rss_mb(java))
+            mem.append(rss_mb(os.getpid()) + rss_mb(java))
     env.close()
     summary = {
         "task_types": len(types), "steps": len(steps["gaca"]),

@@ -212,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from gaca_agent import suites
 
-    episodes_given = args.episodes is not None
-    args.episodes = args.episodes if episodes_given else "10"
     if args.list_suites:
         for name, suite in suites.SUITES.items():
             print(f"{name} (v{suite.version}): {suite.description}")
@@ -234,14 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             table = suites.run_suite(args.suite, args.policy, out, workers=args.workers,
                                      seed=args.seed, policy_kwargs=policy_kwargs,
                                      max_live_envs=args.max_live_envs,
-                                     episodes=args.episodes if episodes_given else None)
+                                     episodes=args.episodes)
             print(table)
             return 0
         if not args.env:
             parser.error("--env (or --suite) is required")
         name = f"{args.env.split('/')[-1]}-{args.policy.replace(':', '_').replace('/', '_')}"
         out = args.out or Path("runs") / "eval" / name
-        results = evaluate(args.env, env_kwargs, args.policy, args.episodes, out,
+        results = evaluate(args.env, env_kwargs, args.policy, args.episodes or "10", out,
                            args.workers, args.seed, policy_kwargs, args.max_live_envs,
                            group_size=args.group_size, env_servers=args.env_servers)
     except EvaluationInterrupted as stop:

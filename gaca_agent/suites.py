@@ -104,12 +104,7 @@ def markdown(tables: list[dict[str, Any]]) -> str:
     head = "| policy | suite | " + " | ".join(f"{p} success (95% CI) / score" for p in parts) + " |"
     lines = [head, "|---|---|" + "---|" * len(parts)]
     for t in tables:
-        cells = []
-        for p in parts:
-            r = t["parts"].get(p)
-            cells.append("-" if r is None else
-                         f"{r['success_rate']:.3f} ({r['success_ci95'][0]:.2f}-"
-                         f"{r['success_ci95'][1]:.2f}) / {r['mean_score']:.3f}, n={r['n']}")
+        cells = [_cell(t["parts"].get(p)) for p in parts]
         lines.append(f"| {t['policy']} | {t['suite']} v{t['version']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

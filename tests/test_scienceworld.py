@@ -77,10 +77,13 @@ def test_goal_flags_drop_rules_and_spacing():
 def test_task_type_and_simplification_arguments():
     if not has_module("scienceworld"):
         pytest.skip("scienceworld not installed")
-    from gaca_envs.scienceworld.tasks import (TASK_TYPES, resolve_task_types,
-                                              simplification_string, task_names)
+    from scienceworld.constants import TASKS
 
-    names = task_names()
+    from gaca_envs.scienceworld.tasks import (TASK_TYPES, resolve_task_types,
+                                              simplification_string)
+
+    by_id = sorted(TASKS, key=lambda t: tuple(int(p) for p in t["task_id"].split("-")))
+    names = tuple(t["task_name"] for t in by_id)
     assert names == TASK_TYPES  # the suite's list is the package's task-id order
     assert len(names) == 30 and names[:2] == ("boil", "melt") and names[-1].startswith("mendel")
     assert resolve_task_types("1-1,melt") == ("boil", "melt")
@@ -108,14 +111,14 @@ def test_missing_java_or_bad_split_is_a_clear_error(monkeypatch):
 
 # ------------------------------------------------------------------ engine
 def test_official_splits_are_disjoint_and_ordered(every_type):
-    from gaca_envs.scienceworld.tasks import split_variations, task_names
+    from gaca_envs.scienceworld.tasks import TASK_TYPES, split_variations
 
     u = every_type.unwrapped
-    for task in task_names():
+    for task in TASK_TYPES:
         train, dev, test = (set(s) for s in split_variations(u._server, task))
         assert train and dev and test, task
         assert not (train & dev or train & test or dev & test), task
-    order = [(task_names().index(v.task_type), v.variation) for v in u.variations]
+    order = [(TASK_TYPES.index(v.task_type), v.variation) for v in u.variations]
     assert order == sorted(order) and len(set(order)) == len(order) == u.num_tasks
     assert u.variations[0].task_type == "boil"
 

@@ -157,7 +157,6 @@ class ScienceWorldEnv(TextEnv):
         self.split = split
         self.task_types = resolve_task_types(task_types)
         self.simplifications = simplification_string(simplifications, self.task_types)
-        self._engine: Any = None
         self._engine = start_engine()
         self._server = self._engine.server
         self.variations = list_variations(self._server, split, self.task_types)
@@ -167,7 +166,6 @@ class ScienceWorldEnv(TextEnv):
         self._score = 0.0
         self._doors: list[tuple[str, Any]] = []
         self._pending = ""  # the engine's open which-object question
-        self._answering = False  # the last action answered such a question
         self._fresh = False  # no action has been played since the reset
 
     @property
@@ -181,7 +179,7 @@ class ScienceWorldEnv(TextEnv):
     def _sim_reset(self, task_id: int) -> SimStep:
         observation = self._load(task_id)
         self._plan = list(self._gold[task_id]) if task_id in self._gold else None
-        self._score, self._pending, self._answering, self._fresh = 0.0, "", False, True
+        self._score, self._pending, self._fresh = 0.0, "", True
         return self._sim_state(observation, reward=0.0, done=False, won=False)
 
     def _load(self, task_id: int) -> str:
@@ -210,13 +208,13 @@ class ScienceWorldEnv(TextEnv):
             return None
         engine_score = int(round(100 * float(self._server.getScore())))
         completed = bool(self._server.getCompleted())
-        self._answering = bool(self._pending)
+        answered = bool(self._pending)  # this action answered a which-object question
         self._pending = observation if observation.startswith(AMBIGUOUS) else ""
         score = max(engine_score, 0) / 100
         reward, self._score = score - self._score, score
         sim = self._sim_state(observation, reward=reward, done=completed or engine_score < 0,
                               won=completed and engine_score >= 100, engine_score=engine_score)
-        self._follow_plan(action, self._last.state_key, sim.state_key)
+        self._follow_plan(action, self._last.state_key, sim.state_key, answered)
         return sim
 
     def _sim_state(self, observation: str, reward: float, done: bool, won: bool,
@@ -272,12 +270,12 @@ class ScienceWorldEnv(TextEnv):
         return tuple(sorted(set(items)))
 
     # ------------------------------------------------------------- expert
-    def _follow_plan(self, action: str, before: str, after: str) -> None:
+    def _follow_plan(self, action: str, before: str, after: str, answered: bool) -> None:
         """Keep the gold path while the agent follows it or changes nothing; an answer to
         the engine's which-object question never counts as a departure."""
         if self._plan and self._plan[0] == action:
             self._plan.pop(0)
-        elif before != after and not self._answering:
+        elif before != after and not answered:
             self._plan = None
         self._fresh = False
 
@@ -296,18 +294,18 @@ class ScienceWorldEnv(TextEnv):
         random dynamics (pollination, genetics) the engine's recording may not replay, and
         a new one is asked for (up to ``GOLD_TRIES`` times). Leaves the world at its start."""
         v = self.variations[task_id]
-        first: tuple[str, ...] = ()
+        recordings = []
         for _ in range(GOLD_TRIES):
             self._server.load(v.task_type, v.variation, self.simplifications, True)
-            gold = tuple(normalize_action(a) for a in self._server.getGoldActionSequence())
+            recordings.append(tuple(normalize_action(a)
+                                    for a in self._server.getGoldActionSequence()))
             self._load(task_id)
             self._read_engine(done=False)  # as the reset does
-            first = first or gold
-            if self._replays(gold):
+            if self._replays(recordings[-1]):
+                gold = recordings[-1]
                 break
-            gold = ()
-        if not gold:
-            gold = first
+        else:
+            gold = recordings[0]
         self._load(task_id)  # the episode's start again (the same world: see _load)
         return gold
 

@@ -21,7 +21,8 @@ SIMPLIFICATIONS: tuple[str, ...] = ("teleportAction", "selfWateringFlowerPots",
 _ELECTRICAL = ("power-component", "conductivity")
 
 
-#: ScienceWorld's 30 task types in task-id order (as the package's tasks.json lists them).
+#: ScienceWorld's 30 task types in task-id order (the package's tasks.json, sorted by id;
+#: a test checks the two agree). Plain data: the suites list them without the package.
 TASK_TYPES: tuple[str, ...] = (
     "boil", "melt", "freeze", "change-the-state-of-matter-of", "use-thermometer",
     "measure-melting-point-known-substance", "measure-melting-point-unknown-substance",
@@ -36,26 +37,12 @@ TASK_TYPES: tuple[str, ...] = (
     "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant")
 
 
-def task_catalogue() -> tuple[tuple[str, str, str], ...]:
-    """(ScienceWorld task id, task name, topic) of every task type, in task-id order."""
-    from scienceworld.constants import TASKS
-
-    def order(task: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(int(p) for p in task["task_id"].split("-"))
-
-    return tuple((t["task_id"], t["task_name"], t["topic"]) for t in sorted(TASKS, key=order))
-
-
-def task_names() -> tuple[str, ...]:
-    return tuple(name for _, name, _ in task_catalogue())
-
-
 def resolve_task_types(task_types: str | Sequence[str] | None) -> tuple[str, ...]:
     """Task names (in task-id order) from names, ScienceWorld ids (``"4-1"``) or the
     paper's names; ``None`` is every type. Raises ``ValueError`` naming the valid ones."""
     from scienceworld.utils import infer_task
 
-    names = task_names()
+    names = TASK_TYPES
     if task_types is None:
         return names
     if isinstance(task_types, str):
