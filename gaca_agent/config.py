@@ -93,7 +93,7 @@ class ModelSection:
     """Rollout engine: ``hf`` (generate, keyed per-episode sampling), ``paged``
     (transformers' continuous batching; see docs/benchmarks.md for which is faster) or
     ``server`` (an inference server: vLLM, SGLang or gaca-serve; see the ``server``
-    section; LoRA only)."""
+    section; LoRA adapters or full weights synced after every update)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or (self.max_prompt_tokens is not None
@@ -113,20 +113,32 @@ class ServerSection:
     """The base model's served name (vLLM's ``--served-model-name``, else its path): the
     same weights as ``model.path``, which the learner trains."""
     kind: Literal["vllm", "sglang"] = "vllm"
-    """How adapters are loaded and named: vLLM (``/v1/load_lora_adapter``, model = the
-    adapter's name) or SGLang (``/load_lora_adapter``, model = ``BASE:ADAPTER``);
-    gaca-serve speaks both."""
+    """The server's API: vLLM (0.33.0) or SGLang (0.5.23), the versions this client was
+    checked against (README, "Rollouts on vLLM or SGLang"); gaca-serve speaks both."""
     concurrency: int = 64
     """Requests in flight at once."""
     timeout_s: float = 300.0
     retries: int = 3
     api_key_env: str = "OPENAI_API_KEY"
     """The environment variable holding the server's API key (if it needs one)."""
+    admin_api_key_env: str = "GACA_SERVER_ADMIN_KEY"
+    """The environment variable holding the key of the weight-loading endpoints (SGLang's
+    ``--admin-api-key``); unset: the API key."""
+    probe_tolerance: float = 0.05
+    """The largest mean absolute gap (nats a token) between the server's log-probs of the
+    probe completion and the learner's, at start-up and after every weight sync
+    (gaca_agent/rollout/probe.py); beyond it the run stops naming the server flag to fix."""
+    probe_tokens: int = 16
+    sync_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Full fine-tuning: the dtype of the weights written for the server to load (bf16
+    halves the files; the server casts to its own dtype either way)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0:
             raise ValueError("need server.concurrency >= 1, server.timeout_s > 0 and "
                              "server.retries >= 0")
+        if self.probe_tolerance <= 0 or self.probe_tokens < 1:
+            raise ValueError("need server.probe_tolerance > 0 and server.probe_tokens >= 1")
 
 
 @dataclass(frozen=True)
@@ -196,13 +208,6 @@ def check_server_setting(cfg: "TrainConfig") -> None:
         raise ValueError("model.engine: server needs server.base_url (the API root, e.g. "
                          "http://127.0.0.1:8000/v1) and server.model (the base model's "
                          "served name)")
-    if cfg.learner.lora_r <= 0:
-        raise ValueError(
-            "model.engine: server trains LoRA adapters only (learner.lora_r > 0): after each "
-            "update the adapter (megabytes) is saved and loaded into the server; full "
-            "fine-tuning would have to move every weight (gigabytes) into the server each "
-            "iteration, which this path does not do. Use model.engine: hf or paged for full "
-            "fine-tuning")
     if cfg.learner.old_logprobs != "recompute":
         raise ValueError(
             "model.engine: server needs learner.old_logprobs: recompute: the server's "
@@ -393,8 +398,9 @@ def _rollout_text(config: TrainConfig) -> str:
     if m.engine != "server":
         return f"{m.engine} engine in process, {weights}"
     tis = f", TIS cap {learner.tis_cap:g}" if learner.tis_cap is not None else ""
-    return (f"{config.server.kind} server at {config.server.base_url}, {weights} reloaded "
-            f"after each update{tis}")
+    how = "adapter" if learner.lora_r > 0 else f"weights from disk ({config.server.sync_dtype})"
+    return (f"{config.server.kind} server at {config.server.base_url}, {weights}, {how} "
+            f"reloaded after each update and probed{tis}")
 
 
 def _reward_text(reward: str, scale: float, webshop: bool) -> str:

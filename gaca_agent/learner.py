@@ -291,6 +291,24 @@ class Learner:
                                           batch["positions"], batch["targets"],
                                           self.config.temperature, with_entropy)
 
+    def score(self, prompt_ids, completion_ids, temperature: float) -> np.ndarray:
+        """The current policy's log-probs of one completion at ``temperature`` (the
+        inference-server probe). Under FSDP2 call it inside :meth:`rollout_context`."""
+        row = Row(np.asarray(prompt_ids), np.asarray(completion_ids),
+                  np.zeros(len(completion_ids)), 0.0)
+        batch = pad_batch([row], self.pad_id, self.accelerator.device)
+        model = self.unwrapped  # no DDP wrapper: its forward would wait for the other ranks
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self.autocast():
+                logp, _ = forward_token_logprobs(
+                    model, batch["input_ids"], batch["attention_mask"], batch["positions"],
+                    batch["targets"], temperature if temperature > 0 else 1.0)
+        finally:
+            model.train(was_training)
+        return logp[0].float().cpu().numpy()
+
     def _ref_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             if self.ref_model is not None:
@@ -462,6 +480,18 @@ class Learner:
         weights = self.state_dict() if self.sharded else None
         if self.accelerator.is_main_process:
             self.unwrapped.save_pretrained(Path(path), state_dict=weights)
+        self.accelerator.wait_for_everyone()
+
+    def save_weights(self, path: str | Path, dtype: str = "float32") -> None:
+        """The full model as an inference server loads it from disk (config and
+        safetensors, in ``dtype``), for the full-weight sync."""
+        if self.config.lora_r > 0:
+            raise ValueError("save_weights is for full fine-tuning; save_adapter for LoRA")
+        state = self.state_dict()
+        if self.accelerator.is_main_process:
+            cast = getattr(torch, dtype)
+            state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+            self.unwrapped.save_pretrained(Path(path), state_dict=state)
         self.accelerator.wait_for_everyone()
 
     def save(self, path: str | Path) -> None:

@@ -7,7 +7,8 @@ Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` (s
 ``n``, log-probs, stop, seed, ...: :mod:`gaca_agent.serving.protocol` lists what is
 supported; anything else is refused with a 400 naming the parameter), and vLLM's
 ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (and SGLang's forms: the
-same without ``/v1``, ``model: "BASE:ADAPTER"``). Concurrent requests are
+same without ``/v1``, ``model: "BASE:ADAPTER"``), and full-weight updates from disk in
+both servers' forms (:mod:`gaca_agent.serving.weights`). Concurrent requests are
 batched through the trainer's rollout engine (``hf``: keyed sampling, so a request with a
 ``seed`` gets the same answer whatever it is batched with); log-probs are those of the
 sampling distribution softmax(logits / T) (T = 1 at temperature 0), as the trainer records
@@ -45,6 +46,7 @@ class ChatModel:
         from gaca_agent.rollout.engines import HFEngine, _eos_ids
         from gaca_agent.serving.adapters import Adapters
         from gaca_agent.serving.batcher import Batcher
+        from gaca_agent.serving.weights import Weights
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if isinstance(model, (str, os.PathLike)):
@@ -63,6 +65,7 @@ class ChatModel:
         self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.max_tokens = max_tokens
         self.adapters = Adapters(self.engine, name)
+        self.weights = Weights(self.engine, self.adapters)
         self.batcher = Batcher(self.engine, self.adapters, max_queue, max_batch)
         self._tokenize_lock = threading.Lock()
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
@@ -104,7 +107,9 @@ class ChatModel:
         return api.token_entry(self.token(token_id, as_id), logprob,
                                [(self.token(t, as_id), lp) for t, lp in (top or [])])
 
-    def response(self, params: api.ChatParams, completions: list) -> dict:
+    def response(self, params: api.ChatParams, completions: list, version: str) -> dict:
+        """The chat response; ``version``: the weight label the completions were sampled
+        with."""
         from gaca_agent.serving.batcher import completion_usage
 
         choices = []
@@ -119,10 +124,14 @@ class ChatModel:
                     "refusal": None}
             if params.return_token_ids:
                 choice["token_ids"] = list(c.completion_ids)
+            if params.weight_versions:
+                choice["weight_versions"] = [{"version": version, "start": 0,
+                                              "end": len(c.completion_ids)}]
             choices.append(choice)
         out = {"id": api.new_id(), "object": "chat.completion", "created": api.now(),
                "model": params.model, "choices": choices,
-               "usage": api.usage(*completion_usage(completions))}
+               "usage": api.usage(*completion_usage(completions)),
+               "metadata": {"weight_version": version}}
         if params.return_token_ids:
             out["prompt_token_ids"] = list(completions[0].prompt_ids)
         return out
@@ -190,7 +199,14 @@ def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
                       ("POST", "/v1/load_lora_adapter"): self.load_adapter,
                       ("POST", "/v1/unload_lora_adapter"): self.unload_adapter,
                       ("POST", "/load_lora_adapter"): self.load_adapter,  # SGLang's paths
-                      ("POST", "/unload_lora_adapter"): self.unload_adapter}
+                      ("POST", "/unload_lora_adapter"): self.unload_adapter,
+                      ("POST", "/pause"): self.pause, ("POST", "/resume"): self.resume,
+                      ("GET", "/is_paused"): self.is_paused,
+                      ("POST", "/collective_rpc"): self.collective_rpc,
+                      ("POST", "/update_weight_version"): self.update_weight_version,
+                      ("GET", "/weight_info"): self.weight_info,
+                      ("GET", "/get_weight_version"): self.weight_info,
+                      ("POST", "/update_weights_from_disk"): self.update_weights_from_disk}
             handler = routes.get((method, path))
             try:
                 if handler is None:
@@ -242,6 +258,63 @@ def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
             self._text(200, f"Success: LoRA adapter '{body['lora_name']}' removed "
                             "successfully.")
 
+        def pause(self) -> None:
+            from urllib.parse import parse_qs
+
+            query = parse_qs(self.path.partition("?")[2])
+            mode = (query.get("mode") or ["abort"])[0]
+            if mode not in ("abort", "wait", "keep"):
+                raise APIError(400, f"mode must be abort, wait or keep, got {mode!r}", "mode")
+            self._body()
+            model.weights.paused.set()
+            self._send(200, {"status": "paused"})
+
+        def resume(self) -> None:
+            self._body()
+            model.weights.paused.clear()
+            self._send(200, {"status": "resumed"})
+
+        def is_paused(self) -> None:
+            self._send(200, {"is_paused": model.weights.paused.is_set()})
+
+        def collective_rpc(self) -> None:
+            body = self._body()
+            if not isinstance(body, dict) or body.get("method") != "reload_weights":
+                raise APIError(400, "gaca-serve's collective_rpc runs reload_weights only",
+                               "method")
+            kwargs = body.get("kwargs") or {}
+            path = kwargs.get("weights_path")
+            if not isinstance(path, str) or set(kwargs) - {"weights_path",
+                                                           "is_checkpoint_format"}:
+                raise APIError(400, "reload_weights takes kwargs {weights_path: DIR}",
+                               "kwargs")
+            model.weights.reload(path)
+            self._send(200, {"results": [None]})
+
+        def update_weight_version(self) -> None:
+            body = self._body()
+            if not isinstance(body, dict):
+                raise APIError(400, "give new_version", "new_version")
+            model.weights.set_version(body.get("new_version"))
+            self._send(200, {"success": True, "new_version": model.weights.version})
+
+        def weight_info(self) -> None:
+            self._send(200, {"weight_version": model.weights.version})
+
+        def update_weights_from_disk(self) -> None:
+            body = self._body()
+            if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+                raise APIError(400, "give model_path", "model_path")
+            try:
+                model.weights.reload(body["model_path"])
+            except APIError as err:
+                return self._send(400, {"success": False, "message": err.message,
+                                        "num_paused_requests": 0})
+            if body.get("weight_version") is not None:
+                model.weights.set_version(body["weight_version"])
+            self._send(200, {"success": True, "message": "Succeeded to update model weights.",
+                             "num_paused_requests": 0})
+
         def _text(self, code: int, text: str) -> None:
             body = text.encode()
             self.send_response(code)
@@ -254,7 +327,10 @@ def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
             from gaca_agent.serving.batcher import Job
 
             params = api.parse_chat(self._body())
+            if model.weights.paused.is_set():
+                raise APIError(503, "generation is paused (POST /resume)")
             served = model.adapters.resolve(params.model)
+            version = model.weights.version
             job = Job(served, model.requests(params), params.stream)
             model.batcher.submit(job)
             if params.stream:
@@ -266,7 +342,7 @@ def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
                 raise APIError(503, "generation timed out") from None
             if kind == "error":
                 raise _as_api_error(rest[0])
-            self._send(200, model.response(params, rest[0]))
+            self._send(200, model.response(params, rest[0], version))
 
         def _stream(self, params: api.ChatParams, job) -> None:
             from gaca_agent.serving.stream import ChoiceStream

@@ -193,21 +193,32 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
 
     s = cfg.server
     engine = ServerEngine(s.base_url, s.model, tokenizer, s.kind,
-                          os.environ.get(s.api_key_env), s.concurrency, s.timeout_s, s.retries)
+                          os.environ.get(s.api_key_env), s.concurrency, s.timeout_s, s.retries,
+                          admin_api_key=os.environ.get(s.admin_api_key_env))
     return (*(ServerPolicy(engine, t, m.max_new_tokens, e.history_length, e.template_file)
               for t in (m.temperature, m.eval_temperature)), engine)
 
 
 class WeightSync:
-    """After each update, the learner's LoRA adapter goes to the inference server:
-    saved under ``adapters/v{version}``, loaded by the main process under a name unique
-    to this run and version, and used by every rank's engine from then on (each response
-    is checked to come from it). A failed load stops the run on every rank."""
+    """After each update the learner's weights go to the inference server, which is then
+    probed (gaca_agent/rollout/probe.py) before the next rollout. LoRA: the adapter is
+    saved under ``adapters/v{version}`` and loaded under a name unique to this run and
+    version; full fine-tuning: the weights are saved under ``weights/v{version}`` and
+    loaded through the server's disk-update API, labelled with that name. Every rank's
+    engine then checks each response against it. A failed load or probe stops the run on
+    every rank with the main process's reason."""
 
-    def __init__(self, learner, engine, run_dir: Path, name: str) -> None:
+    def __init__(self, learner, engine, run_dir: Path, name: str, server, temperatures
+                 ) -> None:
         from accelerate.utils import broadcast_object_list
 
-        self.learner, self.engine, self.dir = learner, engine, run_dir / "adapters"
+        self.learner, self.engine, self.server = learner, engine, server
+        self.lora = learner.config.lora_r > 0
+        self.dir = run_dir / ("adapters" if self.lora else "weights")
+        rollout, held_out = (float(t) for t in temperatures)
+        self.temperatures = [(tag, t) for tag, t in (("probe", rollout), ("probe_eval", held_out))
+                             if t > 0 and (tag == "probe" or t != rollout)]
+        self.warned_seed = False
         token = [secrets.token_hex(3)]
         if learner.accelerator.num_processes > 1:
             broadcast_object_list(token)
@@ -216,29 +227,68 @@ class WeightSync:
     def __call__(self, version: int) -> dict[str, float]:
         from accelerate.utils import broadcast_object_list
 
+        from gaca_agent.rollout.server import WeightSyncError
+
         acc = self.learner.accelerator
         t0 = time.perf_counter()
         name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
-        self.learner.save_adapter(path)
-        error = [None]
+        if self.lora:
+            self.learner.save_adapter(path)
+        else:
+            self.learner.save_weights(path, self.server.sync_dtype)
+        outcome: list = [None, {}]
         if acc.is_main_process:
             try:
-                self.engine.load_adapter(name, str(path.resolve()))
+                if self.lora:
+                    self.engine.load_adapter(name, str(path.resolve()))
+                else:
+                    self.engine.update_weights_from_disk(str(path.resolve()), name)
             except Exception as err:  # every rank stops with the main process's reason
-                error = [f"{type(err).__name__}: {err}"]
+                outcome[0] = f"{type(err).__name__}: {err}"
         if acc.num_processes > 1:
-            broadcast_object_list(error)
-        if error[0] is not None:
-            from gaca_agent.rollout.server import WeightSyncError
+            broadcast_object_list(outcome)
+        if outcome[0] is not None:
+            raise WeightSyncError(f"weight sync of version {version} failed: {outcome[0]}")
+        if self.lora:  # the other ranks' engines (the main one has it)
+            self.engine.adapter = name
+        if not self.lora or self.engine.kind == "sglang":  # the label responses carry
+            self.engine.weight_version = name
+        with self.learner.rollout_context():  # every rank (FSDP gathers); the main probes
+            outcome = [None, self._probe() if acc.is_main_process else {}]
+        if acc.num_processes > 1:
+            broadcast_object_list(outcome)
+        metrics = outcome[1]
+        if isinstance(metrics, str):
+            from gaca_agent.rollout.probe import ProbeMismatch
 
-            raise WeightSyncError(f"weight sync of version {version} failed: {error[0]}")
-        self.engine.adapter = name  # the other ranks' engines (the main one has it)
+            raise ProbeMismatch(f"after the weight sync of version {version}: {metrics}")
         if acc.is_main_process:  # older versions are unloaded: drop their files
             for old in self.dir.glob("v*"):
                 if old.name not in (f"v{version}", f"v{version - 1}"):
                     shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
-        return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0}
+        return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
+                **metrics}
+
+    def _probe(self) -> dict[str, float] | str:
+        """The probe at the rollout and the held-out temperature (main process, inside the
+        rollout context): its metrics, or the reason to stop."""
+        from gaca_agent.rollout.probe import ProbeMismatch, check, probe
+
+        out: dict[str, float] = {}
+        try:
+            for tag, t in self.temperatures:
+                result = probe(self.engine, self.learner.score, t, self.server.probe_tokens)
+                out.update(result.metrics(tag))
+                check(result, self.server.probe_tolerance, self.engine.kind)
+        except ProbeMismatch as err:
+            return str(err)
+        if not out.get("probe/seed_honoured", 1.0) and not self.warned_seed:
+            self.warned_seed = True
+            print("warning: the inference server ignores the request seed (SGLang: start "
+                  "it with --enable-deterministic-inference): rollouts are not "
+                  "reproducible from the run's seed; training is unaffected", flush=True)
+        return out
 
 
 def make_collector(cfg: TrainConfig, kwargs: dict, live: int | None = None):
@@ -292,7 +342,9 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs, cfg.env.servers)
     collector = make_collector(cfg, cfg.env.kwargs)
     evaluator = make_collector(cfg, cfg.env.eval_kwargs)  # one for every evaluation
-    sync = (WeightSync(learner, server, run_dir, cfg.name) if server is not None else None)
+    sync = (WeightSync(learner, server, run_dir, cfg.name, cfg.server,
+                       (cfg.model.temperature, cfg.model.eval_temperature))
+            if server is not None else None)
     try:
         if start == 0:
             _warmup(cfg, learner, tokenizer, collector, evaluator, log, eval_policy, run_dir,

@@ -3,6 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev}"
+# vLLM's and SGLang's own code as the server client's test oracle (a side environment).
+if [ "${GACA_TEST_UPSTREAM:-1}" = 1 ]; then
+    bash scripts/setup_upstream.sh
+fi
 # The browser tests need Debian's Chromium and its driver.
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     echo "installing chromium and chromium-driver (apt-get)"

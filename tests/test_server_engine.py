@@ -27,10 +27,13 @@ def test_token_ids_in_vllm_and_sglang_forms():
 
     choice = {"message": {"content": "hi"}}
     vllm = {"prompt_token_ids": [1, 2], "choices": [{**choice, "token_ids": [7, 8]}]}
-    sglang = {"choices": [{**choice, "prompt_token_ids": [1, 2], "token_ids": [7, 8]}]}
+    sglang = {"choices": [{**choice, "prompt_token_ids": [1, 2],
+                           "response_token_ids": [7, 8]}]}
+    sglang_before_2026_08 = {"choices": [{**choice, "prompt_token_ids": [1, 2],
+                                          "token_ids": [7, 8]}]}
     sglext = {"choices": [choice, choice], "sglext": {"input_ids": [1, 2],
                                                       "output_ids": [[5], [7, 8]]}}
-    for reply, index in ((vllm, 0), (sglang, 0), (sglext, 1)):
+    for reply, index in ((vllm, 0), (sglang, 0), (sglang_before_2026_08, 0), (sglext, 1)):
         ids = returned_ids(reply, index)
         assert (ids.prompt, ids.completion) == ([1, 2], [7, 8])
     none = returned_ids({"choices": [choice]})
@@ -75,10 +78,10 @@ class FakeServer:
         self.server.server_close()
 
 
-def test_stale_weights_stop_and_missing_ids_are_flagged(tiny_model_path):
+def test_stale_weights_stop_and_missing_ids_stop_training(tiny_model_path):
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.server import ServerEngine, StaleWeights
+    from gaca_agent.rollout.server import MissingTokenIds, ServerEngine, StaleWeights
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     messages = [{"role": "user", "content": "go"}]
@@ -94,7 +97,10 @@ def test_stale_weights_stop_and_missing_ids_are_flagged(tiny_model_path):
         stale.close()
     bare = FakeServer("tiny", token_ids=False)
     try:
-        c = ServerEngine(bare.base, "tiny", tok, retries=0).complete(messages, 8, 1.0)
+        with pytest.raises(MissingTokenIds, match="re-tokenizing"):
+            ServerEngine(bare.base, "tiny", tok, retries=0).complete(messages, 8, 1.0)
+        c = ServerEngine(bare.base, "tiny", tok, retries=0,
+                         require_ids=False).complete(messages, 8, 1.0)
         assert c.token_source == "retokenized"
         expected = tok(c.text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         assert c.completion_ids == expected
@@ -267,8 +273,10 @@ def test_config_refuses_what_the_server_engine_cannot_do():
 
     server = ["model.engine=server", "server.base_url=http://127.0.0.1:1/v1",
               "server.model=tiny", "learner.old_logprobs=recompute"]
-    with pytest.raises(ValueError, match="LoRA adapters only.*gigabytes"):
-        load_config(None, server)
+    full = load_config(None, server)  # full fine-tuning: weights synced from disk
+    assert full.learner.lora_r == 0 and full.server.sync_dtype == "float32"
+    with pytest.raises(ValueError, match="probe_tolerance > 0"):
+        load_config(None, server + ["server.probe_tolerance=0"])
     with pytest.raises(ValueError, match="old_logprobs: recompute"):
         load_config(None, server[:3] + ["learner.lora_r=4"])
     with pytest.raises(ValueError, match="server.base_url"):

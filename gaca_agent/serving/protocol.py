@@ -7,9 +7,11 @@ ignored; a known parameter with a neutral value (``frequency_penalty: 0``, an em
 ``system``, ``developer``, ``user``, ``assistant``; text content, as a string or as text
 parts), ``stream`` and ``stream_options.include_usage``, ``n``, ``logprobs`` and
 ``top_logprobs``, ``stop``, ``seed``, ``max_tokens`` and ``max_completion_tokens``,
-``temperature``, ``top_p``, ``user``; and vLLM's extras ``return_token_ids`` (prompt and
-completion token ids in the response) and ``return_tokens_as_token_ids`` (log-prob tokens
-written ``token_id:ID``).
+``temperature``, ``top_p``, ``user``; vLLM's extras ``return_token_ids`` (prompt and
+completion token ids in the response), ``return_tokens_as_token_ids`` (log-prob tokens
+written ``token_id:ID``) and ``return_weight_versions`` (the weight label per token span);
+and the sampling extras of vLLM and SGLang at their neutral values only (``top_k`` 0 or
+-1, ``min_p`` 0, ``repetition_penalty`` 1): gaca-serve samples the plain softmax.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any, Sequence
 ROLES = ("system", "developer", "user", "assistant")
 SUPPORTED = ("model", "messages", "stream", "stream_options", "n", "logprobs", "top_logprobs",
              "stop", "seed", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-             "user", "return_token_ids", "return_tokens_as_token_ids")
+             "user", "return_token_ids", "return_tokens_as_token_ids",
+             "return_weight_versions")
 NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
-           "store": (False,), "metadata": ({},)}
+           "store": (False,), "metadata": ({},), "top_k": (0, -1), "min_p": (0, 0.0),
+           "repetition_penalty": (1, 1.0)}
 """Known parameters accepted only with the value that changes nothing."""
 MAX_N = 16
 MAX_STOP = 4
@@ -72,6 +76,7 @@ class ChatParams:
     top_p: float = 1.0
     return_token_ids: bool = False
     tokens_as_ids: bool = False
+    weight_versions: bool = False
 
 
 def parse_chat(body: Any) -> ChatParams:
@@ -125,7 +130,8 @@ def parse_chat(body: Any) -> ChatParams:
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
         return_token_ids=_boolean(body, "return_token_ids"),
-        tokens_as_ids=_boolean(body, "return_tokens_as_token_ids"))
+        tokens_as_ids=_boolean(body, "return_tokens_as_token_ids"),
+        weight_versions=_boolean(body, "return_weight_versions"))
 
 
 def _boolean(body: dict, name: str) -> bool:
