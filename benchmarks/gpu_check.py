@@ -16,6 +16,11 @@ ids), and nothing but torch, transformers, accelerate and peft. It prints, as JS
 3. ``small_steps``: after an update at lr 1e-6, the share of weights that changed (fp32
    masters) and the share that would have changed had the weights been bf16 (the same
    step added to bf16 weights).
+4. ``server``: one iteration of ``model.engine: server`` with full fine-tuning against a
+   ``gaca-serve`` on the same GPU (bf16): the weights synced from disk, the probe's
+   learner/server log-prob gap at temperatures 1 and 0.4 (bf16 kernels on both sides),
+   16 rollout requests in flight at once, one PPO update on their tokens, the sync of the
+   updated weights and the probe again (it must pass the default tolerance, 0.05).
 
     python benchmarks/gpu_check.py            # on a GPU
     python benchmarks/gpu_check.py --small    # a tiny model of the same kind, on CPU
@@ -140,6 +145,65 @@ def learner_update(path: str, tok, lora: int, n: int, prompt: int, comp: int, de
         torch.cuda.empty_cache()
 
 
+def server_iteration(path: str, tok, n: int, new: int, device) -> None:
+    import threading
+
+    import numpy as np
+
+    from gaca_agent.learner import Learner, LearnerConfig
+    from gaca_agent.rollout.probe import check, probe
+    from gaca_agent.rollout.server import ServerEngine
+    from gaca_agent.rollout.table import token_table
+    from gaca_agent.serve import ChatModel, make_server
+
+    served = ChatModel(path, "qwen-shape", device=device,
+                       dtype="bfloat16" if device == "cuda" else "float32", max_batch=n)
+    http = make_server(served, "127.0.0.1", 0)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    engine = ServerEngine(f"http://127.0.0.1:{http.server_port}/v1", "qwen-shape", tok)
+    learner = Learner(path, tok, LearnerConfig(bf16=True, kl_coef=0.0, lr=1e-6,
+                                               old_logprobs="recompute"))
+    weights = tempfile.mkdtemp()
+    try:
+        for version in (0, 1):
+            t0 = time.perf_counter()
+            learner.save_weights(f"{weights}/v{version}", "bfloat16")
+            engine.update_weights_from_disk(f"{weights}/v{version}", f"check-v{version}")
+            sync_s = time.perf_counter() - t0
+            gaps = {}
+            with learner.rollout_context():
+                for t in (1.0, 0.4):
+                    result = probe(engine, learner.score, t, 32)
+                    gaps[t] = result
+            emit("server", step=f"sync v{version}", sync_s=round(sync_s, 2),
+                 probe_mean_gap={str(t): round(r.mean_gap, 4) for t, r in gaps.items()},
+                 probe_max_gap={str(t): round(r.max_gap, 4) for t, r in gaps.items()},
+                 seed_honoured=all(r.seed_honoured for r in gaps.values()))
+            for r in gaps.values():
+                check(r, 0.05, "vllm")
+            if version == 1:
+                break
+            t0 = time.perf_counter()
+            messages = [[{"role": "user", "content": f"Task {i}: reach the exit."}]
+                        for i in range(n)]
+            futures = [engine.submit(m, new, 1.0, key=1000 + i) for i, m in enumerate(messages)]
+            outs = [f.result() for f in futures]
+            tokens = sum(len(c.completion_ids) for c in outs)
+            emit("server", step="rollout", requests=n, generated=tokens,
+                 tokens_per_s=round(tokens / (time.perf_counter() - t0), 1))
+            table = token_table([c.prompt_ids for c in outs], [c.completion_ids for c in outs],
+                                [c.logprobs for c in outs])
+            metrics = learner.update(table, np.linspace(-1, 1, n))
+            emit("server", step="update", rollout_logprob_gap=round(
+                metrics["train/rollout_logprob_gap"], 5),
+                 is_ratio_max=round(metrics["train/is_ratio_max"], 4))
+    finally:
+        engine.close()
+        http.shutdown()
+        served.close()
+        del learner
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true",
@@ -169,6 +233,10 @@ def main(argv=None) -> int:
     del learner
     for lora in (0, 16):
         learner_update(path, tok, lora, n, prompt, comp, device)
+    from gaca_agent.tiny_model import CHAT_TEMPLATE
+
+    tok.chat_template = CHAT_TEMPLATE
+    server_iteration(path, tok, 16 if cuda else 4, 128 if cuda else 8, device)
     emit("done", seconds=round(time.perf_counter() - t0, 1))
     return 0
 

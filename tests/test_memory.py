@@ -94,8 +94,9 @@ def test_rollout_logprobs_are_memory_bounded_and_exact(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_smoke_version_runs_on_cpu():
     """The prepared GPU check (scripts/gpu_check.sh) in its small CPU form: both engines
-    generate, both learner modes update, and an lr 1e-6 step changes the fp32 masters
-    where bf16 weights would mostly not have moved."""
+    generate, both learner modes update, an lr 1e-6 step changes the fp32 masters
+    where bf16 weights would mostly not have moved, and one full-fine-tuning iteration
+    through a gaca-serve (weights from disk, probed before and after) runs."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -106,7 +107,11 @@ def test_gpu_check_smoke_version_runs_on_cpu():
     assert run.returncode == 0, run.stderr[-3000:]
     checks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     kinds = [c["check"] for c in checks]
-    assert kinds == ["setup", "rollout", "rollout", "learner", "small_steps", "learner", "done"]
+    assert kinds == ["setup", "rollout", "rollout", "learner", "small_steps", "learner",
+                     "server", "server", "server", "server", "done"]
+    server = [c for c in checks if c["check"] == "server"]
+    assert [c["step"] for c in server] == ["sync v0", "rollout", "update", "sync v1"]
+    assert all(max(c["probe_mean_gap"].values()) < 0.05 for c in server[::3])
     assert {c["engine"] for c in checks if c["check"] == "rollout"} == {"hf", "paged"}
     assert all(c["tokens_per_s"] > 0 for c in checks if c["check"] == "rollout")
     steps = next(c for c in checks if c["check"] == "small_steps")

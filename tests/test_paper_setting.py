@@ -219,18 +219,26 @@ def test_paper_config_dry_run_shows_verl_agents_setting():
 @pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "configs/paper").glob("*.yaml")))
 def test_every_paper_config_loads(path):
     """Each paper config passes the typed checks; the server-LoRA variants differ from
-    their base config only in the rollout engine, LoRA, the learning rate and TIS."""
+    their base config only in the rollout engine, LoRA, the learning rate and TIS; the
+    server-full variants (GiGPO's full fine-tuning) only in the rollout engine and TIS."""
     from gaca_agent.config import load_config, to_dict
 
     cfg = load_config(ROOT / "configs/paper" / path)
-    if not path.endswith("_server_lora.yaml"):
+    variant = next((v for v in ("_server_lora", "_server_full") if path.endswith(v + ".yaml")),
+                   None)
+    if variant is None:
         return
-    base = to_dict(load_config(ROOT / "configs/paper" / path.replace("_server_lora", "")))
+    base = to_dict(load_config(ROOT / "configs/paper" / path.replace(variant, "")))
     ours = to_dict(cfg)
-    assert cfg.model.engine == "server" and cfg.learner.lora_r > 0 and cfg.learner.tis_cap
+    assert cfg.model.engine == "server" and cfg.learner.tis_cap
     assert ours["env"] == base["env"] and ours["algo"] == base["algo"]
     changed = {k for k in ours["learner"] if ours["learner"][k] != base["learner"][k]}
-    assert changed <= {"lr", "lora_r", "lora_alpha", "lora_targets", "tis_cap", "fsdp"}
+    if variant == "_server_lora":
+        assert cfg.learner.lora_r > 0
+        assert changed <= {"lr", "lora_r", "lora_alpha", "lora_targets", "tis_cap", "fsdp"}
+    else:
+        assert cfg.learner.lora_r == 0 and changed == {"tis_cap"}
+        assert cfg.server.sync_dtype == "bfloat16"
 
 
 def test_webshop_paper_config_names_the_missing_files(tmp_path):

@@ -298,6 +298,60 @@ if __name__ == "__main__":
 """
 
 
+def start_gaca_serve(path: str, root):
+    serve = subprocess.Popen([sys.executable, "-m", "gaca_agent.serve", path, "--name", "tiny",
+                              "--port", "0"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=root)
+    line = serve.stdout.readline()
+    while "server on" not in line:
+        assert line, "gaca-serve exited"
+        line = serve.stdout.readline()
+    return serve, re.search(r"(http://\S+/v1)", line).group(1)
+
+
+def train_both_engines(tmp_path, base, weights: list[str]):
+    """Three iterations with engine hf and with engine server (gaca-serve at ``base``):
+    their run folders and metrics (the iteration rows)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    common = ["iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
+              "env.group_size=4", "env.invalid_penalty=-0.1", "learner.lr=0.01",
+              "learner.kl_coef=0.0", "learner.old_logprobs=recompute", "warmup.bc_steps=10",
+              "keep_rollouts=false", f"out_dir={tmp_path}", *weights]
+    metrics, runs = {}, {}
+    for engine in ("hf", "server"):
+        extra = [f"server.base_url={base}", "server.model=tiny"] if engine == "server" \
+            else []
+        out = subprocess.run([sys.executable, str(script), *common, f"name={engine}",
+                              f"model.engine={engine}", *extra], cwd=root,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[engine] = Path(out.stdout.split("RUN ")[-1].strip())
+        metrics[engine] = [json.loads(x) for x in
+                           (runs[engine] / "metrics.jsonl").read_text().splitlines()]
+    rows = [(a, b) for a, b in zip(metrics["hf"], metrics["server"]) if a["iteration"] >= 0]
+    assert len(rows) == 3
+    for it, (a, b) in enumerate(rows):
+        for key in ("rollout/return", "rollout/success", "rollout/length",
+                    "rollout/format_invalid", "train/tokens"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), (it, key)
+        # the same samples; the step NLLs (computed from the server's token bytes)
+        # agree to 1e-6, which can reorder near-tied NLLs in GACA's weights: the
+        # losses agree to a few percent, not to the last digit
+        for key in ("losses/policy", "losses/grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=0.05, abs=1e-3), (it, key)
+        assert b["sync/version"] == it + 1
+        assert b["train/rollout_logprob_gap"] < 1e-4  # same kernels: ratio 1
+        assert b["train/is_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+        # the probe after each sync: the server serves the learner's new weights
+        assert b["probe/mean_gap"] < 1e-4 and b["probe_eval/mean_gap"] < 1e-4
+        assert b["probe/seed_honoured"] == 1.0
+    return runs
+
+
 @pytest.mark.slow
 def test_lora_training_through_gaca_serve_matches_the_local_engine(tmp_path):
     """Three LoRA iterations with engine server (a gaca-serve process) and with engine
@@ -307,48 +361,9 @@ def test_lora_training_through_gaca_serve_matches_the_local_engine(tmp_path):
     from gaca_agent.tiny_model import cached_tiny_model
 
     root = Path(__file__).resolve().parents[1]
-    path = str(cached_tiny_model(0))
-    serve = subprocess.Popen([sys.executable, "-m", "gaca_agent.serve", path, "--name", "tiny",
-                              "--port", "0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=root)
+    serve, base = start_gaca_serve(str(cached_tiny_model(0)), root)
     try:
-        line = serve.stdout.readline()
-        while "server on" not in line:
-            assert line, "gaca-serve exited"
-            line = serve.stdout.readline()
-        base = re.search(r"(http://\S+/v1)", line).group(1)
-        script = tmp_path / "loop.py"
-        script.write_text(LOOP)
-        common = ["iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
-                  "env.group_size=4", "env.invalid_penalty=-0.1", "learner.lora_r=4",
-                  "learner.lr=0.01", "learner.kl_coef=0.0", "learner.old_logprobs=recompute",
-                  "warmup.bc_steps=10", "keep_rollouts=false", f"out_dir={tmp_path}"]
-        metrics, runs = {}, {}
-        for engine in ("hf", "server"):
-            extra = [f"server.base_url={base}", "server.model=tiny"] if engine == "server" \
-                else []
-            out = subprocess.run([sys.executable, str(script), *common, f"name={engine}",
-                                  f"model.engine={engine}", *extra], cwd=root,
-                                 capture_output=True, text=True, timeout=900)
-            assert out.returncode == 0, out.stderr[-3000:]
-            runs[engine] = Path(out.stdout.split("RUN ")[-1].strip())
-            metrics[engine] = [json.loads(x) for x in
-                               (runs[engine] / "metrics.jsonl").read_text().splitlines()]
-        rows = [(a, b) for a, b in zip(metrics["hf"], metrics["server"])
-                if a["iteration"] >= 0]
-        assert len(rows) == 3
-        for it, (a, b) in enumerate(rows):
-            for key in ("rollout/return", "rollout/success", "rollout/length",
-                        "rollout/format_invalid", "train/tokens"):
-                assert a[key] == pytest.approx(b[key], rel=1e-6), (it, key)
-            # the same samples; the step NLLs (computed from the server's token bytes)
-            # agree to 1e-6, which can reorder near-tied NLLs in GACA's weights: the
-            # losses agree to a few percent, not to the last digit
-            for key in ("losses/policy", "losses/grad_norm"):
-                assert a[key] == pytest.approx(b[key], rel=0.05, abs=1e-3), (it, key)
-            assert b["sync/version"] == it + 1
-            assert b["train/rollout_logprob_gap"] < 1e-4  # same kernels: ratio 1
-            assert b["train/is_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+        runs = train_both_engines(tmp_path, base, ["learner.lora_r=4"])
         # the server serves the last version (and only it): the final adapter's weights
         with urllib_json(base + "/models") as listing:
             adapters = [m for m in listing["data"] if m.get("parent") == "tiny"]
@@ -357,6 +372,37 @@ def test_lora_training_through_gaca_serve_matches_the_local_engine(tmp_path):
         final = runs["server"] / "final" / "model" / "adapter_model.safetensors"
         served = Path(adapters[0]["root"]) / "adapter_model.safetensors"
         assert final.read_bytes() == served.read_bytes()
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_full_finetuning_through_gaca_serve_matches_the_local_engine(tmp_path):
+    """Three full-fine-tuning iterations with engine server (weights synced from disk
+    into a gaca-serve process) and with engine hf: the same rollouts and losses; the
+    server ends up serving the learner's final weights."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from gaca_agent.tiny_model import cached_tiny_model
+
+    root = Path(__file__).resolve().parents[1]
+    serve, base = start_gaca_serve(str(cached_tiny_model(0)), root)
+    try:
+        runs = train_both_engines(tmp_path, base, [])
+        run = runs["server"]
+        with urllib_json(base.removesuffix("/v1") + "/weight_info") as info:
+            assert info["weight_version"].endswith("-v3")
+        final = load_file(str(run / "final" / "model" / "model.safetensors"))
+        synced = load_file(str(run / "weights" / "v3" / "model.safetensors"))
+        assert set(final) == set(synced)
+        assert all(torch.equal(final[k], synced[k]) for k in final)
+        first = load_file(str(cached_tiny_model(0) / "model.safetensors"))
+        assert any(not torch.equal(first[k], final[k]) for k in final)  # it did train
+        assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]
     finally:
         serve.terminate()
         serve.wait(timeout=30)

@@ -91,10 +91,11 @@ def check(result: ProbeResult, tolerance: float, kind: str) -> None:
         cause = ("Start vLLM with --logprobs-mode processed_logprobs (so that it reports "
                  "the distribution it samples from) and --generation-config vllm (no "
                  "sampling defaults from the model's generation_config.json), and check "
-                 "that server.model serves the same weights as model.path (same dtype "
-                 "class: bf16 on both sides).")
+                 "that the server serves the weights this run synced (server.model the "
+                 "same weights as model.path; bf16 on both sides).")
     else:
         cause = ("Start SGLang with --sampling-defaults openai (no sampling defaults from "
-                 "the model's generation_config.json) and check that server.model serves "
-                 "the same weights as model.path.")
+                 "the model's generation_config.json) and check that the server serves "
+                 "the weights this run synced (server.model the same weights as "
+                 "model.path).")
     raise ProbeMismatch(f"{head} {cause}")
