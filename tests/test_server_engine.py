@@ -419,3 +419,36 @@ class urllib_json:
 
     def __exit__(self, *exc):
         self.resp.close()
+
+
+def test_gaca_serve_full_weight_updates_in_both_forms(served, tiny_model_path, tmp_path):
+    """gaca-serve's disk updates: vLLM's (pause, reload_weights, version, resume) and
+    SGLang's (update_weights_from_disk); the label comes back in every response; a folder
+    without weights is refused with the reason and the served label is unchanged; a
+    paused server answers chat requests with 503."""
+    from transformers import AutoTokenizer
+
+    from gaca_agent.rollout.server import (ServerEngine, ServerRefused, WeightSyncError,
+                                           post_json)
+
+    base, model = served
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [{"role": "user", "content": "Reach the exit."}]
+    before = ServerEngine(base, "tiny", tok, retries=0).complete(messages, 6, 1.0, key=4)
+    for kind in ("vllm", "sglang"):
+        engine = ServerEngine(base, "tiny", tok, kind=kind, retries=0)
+        engine.update_weights_from_disk(tiny_model_path, f"{kind}-v1")  # the same weights
+        after = engine.complete(messages, 6, 1.0, key=4)
+        assert after.completion_ids == before.completion_ids
+        assert model.weights.version == f"{kind}-v1" and not model.weights.paused.is_set()
+        with pytest.raises(WeightSyncError, match="no safetensors"):
+            engine.update_weights_from_disk(str(tmp_path), f"{kind}-v2")
+        assert model.weights.version == f"{kind}-v1" and not model.weights.paused.is_set()
+    root = base.removesuffix("/v1")
+    post_json(root + "/pause?mode=wait", None, retries=0)
+    try:
+        with pytest.raises(ServerRefused, match="503.*paused"):
+            post_json(base + "/chat/completions", {"model": "tiny", "messages": messages},
+                      retries=0, retry_http=False)
+    finally:
+        post_json(root + "/resume", None, retries=0)
