@@ -48,10 +48,9 @@ class ProbeResult:
     seed_honoured: bool
 
     def metrics(self, prefix: str = "probe") -> dict[str, float]:
-        out = {f"{prefix}/mean_gap": self.mean_gap, f"{prefix}/max_gap": self.max_gap,
-               f"{prefix}/tokens": float(self.tokens),
-               f"{prefix}/seed_honoured": float(self.seed_honoured)}
-        return out
+        return {f"{prefix}/mean_gap": self.mean_gap, f"{prefix}/max_gap": self.max_gap,
+                f"{prefix}/tokens": float(self.tokens),
+                f"{prefix}/seed_honoured": float(self.seed_honoured)}
 
 
 def probe(engine, score: Scorer, temperature: float, tokens: int = 16) -> ProbeResult:

@@ -240,9 +240,14 @@ class ServerEngine:
         return f"{self._root()}/{endpoint}"
 
     def _admin(self, endpoint: str, body: dict | None = None) -> Any:
-        """A weight call: connection failures are retried, HTTP errors never."""
-        return post_json(self._admin_url(endpoint), body, self.admin_api_key, self.timeout_s,
-                         self.retries, self.backoff_s, retry_http=False)
+        """A weight call: connection failures are retried, HTTP errors never; an answer
+        that says ``success: false`` (SGLang's form) is a refusal too."""
+        url = self._admin_url(endpoint)
+        reply = post_json(url, body, self.admin_api_key, self.timeout_s, self.retries,
+                          self.backoff_s, retry_http=False)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise ServerRefused(f"{url} answered {json.dumps(reply)[:1000]}", 400, None)
+        return reply
 
     def _set_version(self, version: str) -> None:
         self._admin("update_weight_version", {"new_version": version} if self.kind == "vllm"
@@ -255,10 +260,7 @@ class ServerEngine:
         used before is unloaded. On SGLang the server's weight version is set to ``name``
         (its responses echo ``model``; the version is what it reports itself)."""
         try:
-            reply = self._admin("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-            if isinstance(reply, dict) and reply.get("success") is False:
-                raise ServerRefused(f"{self._admin_url('load_lora_adapter')} answered "
-                                    f"{json.dumps(reply)[:1000]}", 400, None)
+            self._admin("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
             if self.kind == "sglang":
                 self._set_version(name)
         except (ServerRefused, ServerUnreachable) as err:
@@ -295,12 +297,9 @@ class ServerEngine:
                 finally:
                     self._admin("resume")
             else:
-                reply = self._admin("update_weights_from_disk",
-                                    {"model_path": str(path), "weight_version": version,
-                                     "flush_cache": True})
-                if isinstance(reply, dict) and reply.get("success") is False:
-                    raise ServerRefused(f"update_weights_from_disk failed: "
-                                        f"{reply.get('message')}", 400, None)
+                self._admin("update_weights_from_disk",
+                            {"model_path": str(path), "weight_version": version,
+                             "flush_cache": True})
                 with self._lock:
                     self.weight_version = version
         except (ServerRefused, ServerUnreachable) as err:
