@@ -15,12 +15,12 @@ import sys
 import time
 
 from gaca_agent.policies import make_policy
-from gaca_agent.rollout.collector import Collector, CollectorConfig
+from gaca_agent.collect.collector import Collector
+from gaca_agent.config import EnvSection
 
 
 def run(workers: int, tasks, live: int) -> tuple[float, int]:
-    collector = Collector(CollectorConfig("gaca/ALFWorld-v0", {"split": "valid_seen"},
-                                          num_workers=workers, max_live_envs=live))
+    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs={"split": "valid_seen"}, workers=workers, max_live_envs=live, invalid_penalty=0.0))
     try:
         collector.pool  # start the workers before the clock
         collector.run(make_policy("random", seed=0), tasks[:workers], 1)  # import warm-up

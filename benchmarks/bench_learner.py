@@ -21,20 +21,20 @@ import torch
 
 def samples(n, prompt_len, comp_len, vocab, seed=0):
     """(a StepTable of n random rows, their advantages)."""
-    from gaca_agent.rollout.table import token_table
+    from gaca_agent.steps import StepTable
 
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(10, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
     comps = [torch.randint(10, vocab, (comp_len,), generator=g).tolist() for _ in range(n)]
     adv = torch.randn(n, generator=g).numpy()
-    return token_table(prompts, comps, [[-1.0] * comp_len] * n), adv
+    return StepTable.from_tokens(prompts, comps, [[-1.0] * comp_len] * n), adv
 
 
 def bench(name, path, cfg_kwargs, n, prompt_len, comp_len, repeats):
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from gaca_agent.learner import Learner, LearnerConfig
+    from gaca_agent.learner.core import Learner, LearnerConfig
 
     tok = AutoTokenizer.from_pretrained(path)
     learner = Learner(path, tok, LearnerConfig(**cfg_kwargs), Accelerator(cpu=True))
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from gaca_agent.tiny_model import build_tiny_model
+    from gaca_agent.policies.tiny_model import build_tiny_model
 
     tiny = str(build_tiny_model(tempfile.mkdtemp() + "/tiny"))
     rows = [bench("tiny (full)", tiny, {"lr": 1e-3, "kl_coef": 0.01, "micro_batch_size": 32},

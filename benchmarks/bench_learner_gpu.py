@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from gaca_agent.learner import Learner, LearnerConfig, Sample
+    from gaca_agent.learner.core import Learner, LearnerConfig, Sample
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=64)
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no GPU: this benchmark needs CUDA", file=sys.stderr)
         return 2
-    from gaca_agent.tiny_model import build_tokenizer
+    from gaca_agent.policies.tiny_model import build_tokenizer
 
     path = tempfile.mkdtemp() + "/qwen-shape"
     torch.manual_seed(0)

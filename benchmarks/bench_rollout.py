@@ -20,13 +20,13 @@ import time
 
 def run(model, tokenizer, engine: str, tasks, args) -> dict:
     from gaca_agent.policies.hf import HFPolicy
-    from gaca_agent.rollout.collector import Collector, CollectorConfig
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.config import EnvSection
 
     policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=args.max_new_tokens,
                       device="cpu", engine=engine)
     kwargs = {"split": "valid_seen", "max_episode_steps": args.turns}
-    collector = Collector(CollectorConfig("gaca/ALFWorld-v0", kwargs,
-                                          max_live_envs=len(tasks)))
+    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs=kwargs, max_live_envs=len(tasks), invalid_penalty=0.0))
     try:
         collector.run(policy, tasks[:2], 1)  # warm-up: workers, engine, caches
         start = time.perf_counter()
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     report = {}
     for name in args.models.split(","):
         if name == "tiny":
-            from gaca_agent.tiny_model import cached_tiny_model
+            from gaca_agent.policies.tiny_model import cached_tiny_model
 
             path = str(cached_tiny_model(0))
         else:

@@ -50,7 +50,7 @@ def build(path: str, shape: dict, device) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from gaca_agent.tiny_model import build_tokenizer
+    from gaca_agent.policies.tiny_model import build_tokenizer
 
     torch.manual_seed(0)
     config = Qwen2Config(**shape)
@@ -63,7 +63,8 @@ def build(path: str, shape: dict, device) -> None:
 def rollout(learner, tok, n: int, prompt: int, new: int, device) -> None:
     import torch
 
-    from gaca_agent.rollout.engines import Request, make_engine
+    from gaca_agent.generate.engines import Request
+    from gaca_agent.generate.factory import make_engine
 
     model = learner.unwrapped
     vocab = model.config.vocab_size
@@ -98,8 +99,8 @@ def learner_update(path: str, tok, lora: int, n: int, prompt: int, comp: int, de
     import numpy as np
     import torch
 
-    from gaca_agent.learner import Learner, LearnerConfig
-    from gaca_agent.rollout.table import token_table
+    from gaca_agent.learner.core import Learner, LearnerConfig
+    from gaca_agent.steps import StepTable
 
     cuda = str(device).startswith("cuda")
     if cuda:
@@ -111,7 +112,7 @@ def learner_update(path: str, tok, lora: int, n: int, prompt: int, comp: int, de
     learner = Learner(path, tok, cfg)
     vocab = learner.unwrapped.config.vocab_size
     rng = np.random.default_rng(0)
-    table = token_table([rng.integers(1000, vocab, prompt).tolist() for _ in range(n)],
+    table = StepTable.from_tokens([rng.integers(1000, vocab, prompt).tolist() for _ in range(n)],
                         [rng.integers(1000, vocab, comp).tolist() for _ in range(n)],
                         [[-12.0] * comp] * n)
     adv = rng.normal(size=n)
@@ -150,11 +151,11 @@ def server_iteration(path: str, tok, n: int, new: int, device) -> None:
 
     import numpy as np
 
-    from gaca_agent.learner import Learner, LearnerConfig
-    from gaca_agent.rollout.probe import check, probe
-    from gaca_agent.rollout.server import ServerEngine
-    from gaca_agent.rollout.table import token_table
-    from gaca_agent.serve import ChatModel, make_server
+    from gaca_agent.learner.core import Learner, LearnerConfig
+    from gaca_agent.generate.probe import check, probe
+    from gaca_agent.generate.server_engine import ServerEngine
+    from gaca_agent.steps import StepTable
+    from gaca_agent.serving.server import ChatModel, make_server
 
     served = ChatModel(path, "qwen-shape", device=device,
                        dtype="bfloat16" if device == "cuda" else "float32", max_batch=n)
@@ -191,7 +192,7 @@ def server_iteration(path: str, tok, n: int, new: int, device) -> None:
             tokens = sum(len(c.completion_ids) for c in outs)
             emit("server", step="rollout", requests=n, generated=tokens,
                  tokens_per_s=round(tokens / (time.perf_counter() - t0), 1))
-            table = token_table([c.prompt_ids for c in outs], [c.completion_ids for c in outs],
+            table = StepTable.from_tokens([c.prompt_ids for c in outs], [c.completion_ids for c in outs],
                                 [c.logprobs for c in outs])
             metrics = learner.update(table, np.linspace(-1, 1, n))
             emit("server", step="update", rollout_logprob_gap=round(
@@ -226,14 +227,14 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(path)
     emit("setup", device=torch.cuda.get_device_name() if cuda else "cpu",
          torch=torch.__version__, build_s=round(time.perf_counter() - t0, 1))
-    from gaca_agent.learner import Learner, LearnerConfig
+    from gaca_agent.learner.core import Learner, LearnerConfig
 
     learner = Learner(path, tok, LearnerConfig(bf16=True, kl_coef=0.0))
     rollout(learner, tok, n, prompt, new, device)
     del learner
     for lora in (0, 16):
         learner_update(path, tok, lora, n, prompt, comp, device)
-    from gaca_agent.tiny_model import CHAT_TEMPLATE
+    from gaca_agent.policies.tiny_model import CHAT_TEMPLATE
 
     tok.chat_template = CHAT_TEMPLATE
     server_iteration(path, tok, 16 if cuda else 4, 128 if cuda else 8, device)

@@ -17,25 +17,13 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 import gaca_envs
+from gaca_envs.kv import parse_pairs
 
 gym.register_envs(gaca_envs)
 
 
 #: Longer admissible lists are not printed every turn (``:actions`` prints them).
 LIST_LIMIT = 60
-
-
-def parse_kwargs(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are parsed as YAML scalars (ints, bools, lists)."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"env kwarg {item!r} is not key=value")
-        key, value = item.split("=", 1)
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def choose(line: str, actions: tuple[str, ...]) -> str:
@@ -131,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.env not in gym.registry:
         parser.error(f"unknown env {args.env!r}; gaca ids: {[s.id for s in gaca_envs.SPECS]}")
     try:
-        env = gym.make(args.env, **parse_kwargs(args.kwargs))
+        env = gym.make(args.env, **parse_pairs(args.kwargs, "env kwarg"))
     except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
         parser.error(f"cannot make {args.env}: {err}")
     try:

@@ -17,23 +17,20 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     #: Python modules the environment needs beyond gymnasium and numpy.
     requires: tuple[str, ...] = ()
-    #: Prompt family: which built-in template (``gaca_agent/rollout/templates``) fits.
-    family: str = "generic"
 
 
 SPECS: tuple[EnvSpec, ...] = (
     EnvSpec("gaca/ALFWorld-v0", "gaca_envs.alfworld.env:ALFWorldEnv", 50,
-            requires=("alfworld", "textworld"), family="alfworld"),
+            requires=("alfworld", "textworld")),
     EnvSpec("gaca/TextWorld-v0", "gaca_envs.alfworld.env:TextWorldEnv", 50,
-            requires=("textworld",), family="alfworld"),
+            requires=("textworld",)),
     EnvSpec("gaca/WebShop-v0", "gaca_envs.webshop.env:WebShopEnv", 15,
-            requires=("bm25s", "Stemmer", "thefuzz", "spacy"), family="webshop"),
+            requires=("bm25s", "Stemmer", "thefuzz", "spacy")),
     EnvSpec("gaca/WebShopBrowser-v0", "gaca_envs.webshop.browser:WebShopBrowserEnv", 15,
-            requires=("bm25s", "Stemmer", "thefuzz", "spacy", "selenium", "flask", "bs4"),
-            family="webshop"),
+            requires=("bm25s", "Stemmer", "thefuzz", "spacy", "selenium", "flask", "bs4")),
     # 100: the scienceworld package's default step limit (ScienceWorldEnv(envStepLimit=100))
     EnvSpec("gaca/ScienceWorld-v0", "gaca_envs.scienceworld.env:ScienceWorldEnv", 100,
-            requires=("scienceworld",), family="scienceworld"),
+            requires=("scienceworld",)),
     EnvSpec("gaca/Diag-Corridor-v0", "gaca_envs.diag.env:DiagEnv", 40,
             kwargs={"world": "corridor"}),
     EnvSpec("gaca/Diag-Signs-v0", "gaca_envs.diag.env:DiagEnv", 40,
@@ -58,11 +55,6 @@ def register_all() -> None:
         if spec.id not in gym.registry:
             gym.register(id=spec.id, entry_point=spec.entry_point,
                          max_episode_steps=spec.max_episode_steps, kwargs=dict(spec.kwargs))
-
-
-def family_of(env_id: str) -> str:
-    """The prompt family of an env id (its spec's ``family``; ``generic`` for others)."""
-    return next((s.family for s in SPECS if s.id == env_id), "generic")
 
 
 def spec_of(env_id: str) -> EnvSpec:

@@ -8,7 +8,7 @@ bash scripts/setup.sh "alfworld,train,dev"
 . .venv/bin/activate
 export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 NAME="demo-$(date +%Y%m%d-%H%M%S)"
-gaca-train --config configs/default.yaml name="$NAME" "$@"
+gaca-train --config default name="$NAME" "$@"
 RUN="runs/$NAME"
 gaca-eval --env gaca/Diag-Signs-v0 --env-kwargs split=test --policy "hf:$RUN/final/model" \
     --policy-kwargs max_new_tokens=16 history_length=0 temperature=0.4 \

@@ -71,7 +71,7 @@ def tiny_model_path(tmp_path_factory):
     """The tiny random Llama model with its in-process-trained tokenizer."""
     if not (has_module("torch") and has_module("transformers")):
         pytest.skip("torch/transformers not installed (pip install -e '.[train]')")
-    from gaca_agent.tiny_model import build_tiny_model
+    from gaca_agent.policies.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -18,10 +18,10 @@ def main() -> None:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from gaca_agent.learner import Learner, LearnerConfig
-    from gaca_agent.rollout.engines import HFEngine, Request
-    from gaca_agent.rollout.table import token_table
-    from gaca_agent.train import param_digest
+    from gaca_agent.learner.core import Learner, LearnerConfig
+    from gaca_agent.generate.engines import HFEngine, Request
+    from gaca_agent.steps import StepTable
+    from gaca_agent.training.loop import param_digest
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -34,7 +34,7 @@ def main() -> None:
     rng = np.random.default_rng(rank)
     prompts = [rng.integers(10, len(tok), 5 + i).tolist() for i in range(n)]
     comps = [rng.integers(10, len(tok), 2 + i % 3).tolist() for i in range(n)]
-    table = token_table(prompts, comps, [[-1.0] * len(c) for c in comps])
+    table = StepTable.from_tokens(prompts, comps, [[-1.0] * len(c) for c in comps])
     metrics = [learner.update(table, rng.normal(size=n))]
     engine = HFEngine(learner.unwrapped, tok, acc.device)
     requests = [Request(tuple(p), 16 if rank == 0 else 4, 1.0, key=i)

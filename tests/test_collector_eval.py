@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
-from gaca_agent.evaluate import evaluate, plan
+from gaca_agent.eval.evaluate import evaluate, plan
 from gaca_agent.policies import make_policy
-from gaca_agent.rollout.collector import Collector, CollectorConfig
-from gaca_agent.rollout.prompts import PromptBuilder, parse_response
-from gaca_agent.rollout.table import step_batch
+from gaca_agent.collect.collector import Collector
+from gaca_agent.config import EnvSection
+from gaca_agent.generate.prompts import PromptBuilder, parse_response
+from gaca_agent.steps import step_batch
 from gaca_agent.types import Turn
 
 from conftest import alfworld_data_or_skip, has_module
@@ -35,8 +36,7 @@ def test_parse_and_prompt():
 
 
 def test_groups_share_start_and_rows_cover_every_step():
-    collector = Collector(CollectorConfig("gaca/Diag-Slippery-v0", {"split": "test"},
-                                          num_workers=2, max_live_envs=6))
+    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"}, workers=2, max_live_envs=6, invalid_penalty=0.0))
     try:
         rollout = collector.run(make_policy("random", seed=1), [(0, 5), (3, 9)], group_size=4)
     finally:
@@ -52,7 +52,7 @@ def test_groups_share_start_and_rows_cover_every_step():
         assert list(table["episode"][ep.rows]) == [e] * ep.length
         assert list(table["t"][ep.rows]) == list(range(ep.length))
         last = ep.rows[-1]
-        assert table["terminated"][last] or table["truncated"][last]
+        assert table["terminal"][last] or table["truncated"][last]
     batch = step_batch(rollout.training_table().scalars())
     assert set(batch.traj.tolist()) == set(range(8)) and len(batch.t) == len(table)
     assert not any(e.failed for e in episodes)
@@ -62,8 +62,7 @@ def test_recycling_waits_for_live_episodes():
     """A worker due for recycling is replaced only once none of its envs is mid-episode:
     no episode is lost (one worker holding all four live envs, recycled every 3 resets;
     random play on the slippery world, so episodes end at different steps)."""
-    collector = Collector(CollectorConfig("gaca/Diag-Slippery-v0", {"split": "test"},
-                                          num_workers=1, max_live_envs=4, recycle_after=3))
+    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"}, workers=1, max_live_envs=4, recycle_after=3, invalid_penalty=0.0))
     try:
         rollout = collector.run(make_policy("random", seed=3), [(k % 16, k) for k in range(12)], 1)
         recycles = collector.pool.recycles
@@ -91,8 +90,7 @@ class KillOnce:
 
 
 def test_killed_worker_is_restarted_and_its_episodes_marked_failed():
-    collector = Collector(CollectorConfig("gaca/Diag-Corridor-v0", {"split": "test"},
-                                          num_workers=2, max_live_envs=4, timeout_s=30))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, workers=2, max_live_envs=4, timeout_s=30, invalid_penalty=0.0))
     try:
         episodes = collector.run(KillOnce(collector), [(k, k) for k in range(6)], 1).episodes
         restarts = collector.pool.restarts
@@ -132,7 +130,7 @@ def test_gaca_eval_cli_on_alfworld_expert_and_random(tmp_path):
     data = alfworld_data_or_skip()
     for policy, expect in (("expert", 1.0), ("random", None)):
         out = tmp_path / policy
-        cmd = [sys.executable, "-m", "gaca_agent.evaluate", "--env", "gaca/ALFWorld-v0",
+        cmd = [sys.executable, "-m", "gaca_agent.cli.eval", "--env", "gaca/ALFWorld-v0",
                "--env-kwargs", "split=valid_unseen", f"data_dir={data}", "--policy", policy,
                "--episodes", "3", "--workers", "2", "--out", str(out)]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -149,7 +147,7 @@ def test_gaca_eval_cli_on_alfworld_expert_and_random(tmp_path):
 
 @pytest.mark.skipif(not has_module("bm25s"), reason="WebShop extras not installed")
 def test_gaca_eval_on_webshop_expert_and_suite_compare(tmp_path):
-    from gaca_agent import suites
+    from gaca_agent.eval import suites
 
     res = evaluate("gaca/WebShop-v0", {"split": "test"}, "expert", 5, tmp_path / "ws",
                    progress=False)
@@ -164,7 +162,7 @@ def test_gaca_eval_on_webshop_expert_and_suite_compare(tmp_path):
 
 
 def test_suite_episodes_override_and_per_part_rows(tmp_path):
-    from gaca_agent import suites
+    from gaca_agent.eval import suites
 
     table = suites.run_suite("diag", "expert", tmp_path / "s", progress=False, episodes="2")
     saved = json.loads((tmp_path / "s" / "suite.json").read_text())
@@ -206,7 +204,7 @@ def test_ctrl_c_saves_what_finished_and_resume_completes(tmp_path):
     """Episodes are written as they end; Ctrl-C exits cleanly (no traceback) with what
     finished saved, and the same command completes the evaluation."""
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "gaca_agent.evaluate", "--env", "gaca/Diag-Slippery-v0",
+    cmd = [sys.executable, "-m", "gaca_agent.cli.eval", "--env", "gaca/Diag-Slippery-v0",
            "--env-kwargs", "split=test", "--policy", "python:test_collector_eval:slow_random",
            "--policy-kwargs", "delay=0.05", "--episodes", "8", "--max-live-envs", "2",
            "--out", str(out)]
@@ -267,7 +265,7 @@ def test_resumed_evaluation_equals_a_fresh_one(tmp_path, spec, request):
 
 
 def test_reports_show_raw_responses_validity_keys_and_nll(tmp_path):
-    from gaca_agent.report import render_report
+    from gaca_agent.runs.report import render_report
 
     step = {"t": 0, "observation": "obs", "response": "I would <b>walk</b> on",
             "action": "", "format_valid": False, "action_valid": False, "reward": 0.0,

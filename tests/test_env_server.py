@@ -190,7 +190,7 @@ def test_token_size_limit_and_loopback_rule():
 
 def _collect(config, tasks, group_size=2, on_step=None):
     from gaca_agent.policies import make_policy
-    from gaca_agent.rollout.collector import Collector
+    from gaca_agent.collect.collector import Collector
 
     collector = Collector(config)
     try:
@@ -204,16 +204,13 @@ def _summary(rollout):
 
 
 def test_collector_on_two_servers_plays_what_local_workers_play():
-    from gaca_agent.rollout.collector import CollectorConfig
+    from gaca_agent.config import EnvSection
 
     servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
     try:
         tasks = [(k, 100 + k) for k in range(6)]
-        local = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
-                                         num_workers=2, max_live_envs=6), tasks)
-        remote = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
-                                          max_live_envs=6,
-                                          env_servers=[u for _, u in servers]), tasks)
+        local = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, workers=2, max_live_envs=6, invalid_penalty=0.0), tasks)
+        remote = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, max_live_envs=6, servers=[u for _, u in servers], invalid_penalty=0.0), tasks)
         assert _summary(local) == _summary(remote)
         assert not any(e.failed for e in remote.episodes)
         for col in ("state_key", "reward", "action"):
@@ -227,7 +224,7 @@ def test_collector_on_two_servers_plays_what_local_workers_play():
 
 
 def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
-    from gaca_agent.rollout.collector import CollectorConfig
+    from gaca_agent.config import EnvSection
 
     servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
     victim = servers[1][0]
@@ -240,9 +237,7 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
 
     try:
         tasks = [(k % 16, 200 + k) for k in range(12)]
-        rollout = _collect(CollectorConfig("gaca/Diag-Signs-v0", {"split": "test"},
-                                           max_live_envs=4, timeout_s=60,
-                                           env_servers=[u for _, u in servers]),
+        rollout = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, max_live_envs=4, timeout_s=60, servers=[u for _, u in servers], invalid_penalty=0.0),
                            tasks, on_step=kill_after_three)
         episodes = rollout.episodes
         assert len(episodes) == 24  # nothing dropped
@@ -256,7 +251,7 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
 
 
 def test_gaca_eval_on_env_servers(tmp_path, diag_server):
-    from gaca_agent.evaluate import evaluate
+    from gaca_agent.eval.evaluate import evaluate
 
     for policy in ("random", "expert"):  # the expert's actions come from the server
         local = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, policy, 6,
@@ -286,7 +281,7 @@ def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
         urls = ",".join(u for _, u in servers)
         runs = {}
         for name, extra in (("local", ["env.workers=2"]), ("remote", [f"env.servers=[{urls}]"])):
-            done = subprocess.run([sys.executable, "-m", "gaca_agent.train", "--no-progress",
+            done = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--no-progress",
                                    "--config", str(root / "configs" / "default.yaml"),
                                    f"out_dir={tmp_path}", f"name={name}", *small, *extra],
                                   env=env, capture_output=True, text=True, timeout=900)
@@ -365,7 +360,7 @@ def agentgym_server():
 
 
 def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
-    from gaca_agent.evaluate import evaluate
+    from gaca_agent.eval.evaluate import evaluate
 
     server, url, envs = agentgym_server()
     try:

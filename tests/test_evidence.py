@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from gaca_agent.audit import anchors, audit, measure
+from gaca_agent.analysis.audit import anchors, audit, measure
 
 
 def rows(specs):
@@ -50,9 +50,9 @@ def test_similarity_clusters_merge_near_identical_texts_across_states():
 def test_audit_and_rescore_on_a_grouped_evaluation(tmp_path):
     """gaca-eval --group-size writes task groups; gaca-audit and gaca-rescore read them
     (on a Diag env the rescore includes the exact advantages)."""
-    from gaca_agent.audit import main as audit_main
-    from gaca_agent.evaluate import evaluate
-    from gaca_agent.rescore import main as rescore_main
+    from gaca_agent.cli.audit import main as audit_main
+    from gaca_agent.eval.evaluate import evaluate
+    from gaca_agent.cli.rescore import main as rescore_main
 
     out = tmp_path / "eval"
     res = evaluate("gaca/Diag-Slippery-v0", {"split": "test"}, "random", 3, out,
@@ -81,7 +81,7 @@ def test_audit_and_rescore_on_a_grouped_evaluation(tmp_path):
 def test_rescore_exact_advantages_match_the_empirical_policy():
     """On a Diag task whose rows all take one action in a state, the empirical policy is
     deterministic there and the exact advantage of that action is 0."""
-    from gaca_agent.rescore import exact_advantages
+    from gaca_agent.analysis.rescore import exact_advantages
     import gymnasium as gym
 
     import gaca_envs
@@ -97,7 +97,7 @@ def test_rescore_exact_advantages_match_the_empirical_policy():
 
 
 def test_paired_statistics_and_sign_test():
-    from gaca_agent.study import sign_test, t_interval
+    from gaca_agent.analysis.study import sign_test, t_interval
 
     assert sign_test([1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) == pytest.approx(2 / 1024)
     assert sign_test([1, -1, 0, 0]) == 1.0

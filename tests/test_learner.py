@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from gaca_agent.losses import aggregate, kl_penalty, ppo_clip_loss  # noqa: E402
+from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss  # noqa: E402
 
 
 def test_clipped_loss_at_ratio_one_has_policy_gradient():
@@ -104,7 +104,7 @@ def samples(tokenizer, n=8, seed=0):
 
     import numpy as np
 
-    from gaca_agent.rollout.table import token_table
+    from gaca_agent.steps import StepTable
 
     rng = random.Random(seed)
     prompts, comps, lps, adv = [], [], [], []
@@ -114,14 +114,14 @@ def samples(tokenizer, n=8, seed=0):
         comps.append(c)
         lps.append([-rng.uniform(0.5, 3.0) for _ in c])
         adv.append(rng.uniform(-1, 1))
-    return token_table(prompts, comps, lps), np.asarray(adv)
+    return StepTable.from_tokens(prompts, comps, lps), np.asarray(adv)
 
 
 def make_learner(path, **kw):
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from gaca_agent.learner import Learner, LearnerConfig
+    from gaca_agent.learner.core import Learner, LearnerConfig
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(path)
@@ -198,7 +198,7 @@ def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tiny_model_
 
 
 def test_config_rejects_bad_values():
-    from gaca_agent.learner import LearnerConfig
+    from gaca_agent.learner.core import LearnerConfig
 
     with pytest.raises(ValueError, match="loss_agg"):
         LearnerConfig(loss_agg="sum")
@@ -225,8 +225,8 @@ def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_p
     entropies of the plain full-vocabulary computation, and the same gradients."""
     from transformers import AutoModelForCausalLM
 
-    from gaca_agent.learner import pad_batch, rows_of
-    from gaca_agent.logprobs import forward_token_logprobs
+    from gaca_agent.learner.batch import pad_batch, sampled_rows, training_table
+    from gaca_agent.learner.logprobs import forward_token_logprobs
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
@@ -234,7 +234,8 @@ def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_p
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     table, adv = samples(tok, n=5)
-    batch = pad_batch(rows_of(table, adv), tok.pad_token_id, "cpu")
+    data = training_table(table, adv)
+    batch = pad_batch(data, sampled_rows(data), tok.pad_token_id, "cpu")
     logp, ent = forward_token_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                        batch["positions"], batch["targets"], 0.7, True,
                                        chunk_tokens=3)

@@ -35,8 +35,8 @@ CHILD = textwrap.dedent("""
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     from transformers import LlamaConfig, LlamaForCausalLM
-    from gaca_agent.rollout.engines import HFEngine, Request
-    from gaca_agent.tiny_model import build_tokenizer
+    from gaca_agent.generate.engines import HFEngine, Request
+    from gaca_agent.policies.tiny_model import build_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

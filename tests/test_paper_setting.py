@@ -15,9 +15,10 @@ import pytest
 
 from gaca_agent.advantages import compute
 from gaca_agent.policies.scripted import ExpertPolicy
-from gaca_agent.rollout.collector import Collector, CollectorConfig
-from gaca_agent.rollout.prompts import PromptBuilder, verl_format_valid
-from gaca_agent.rollout.table import step_batch
+from gaca_agent.collect.collector import Collector
+from gaca_agent.config import EnvSection
+from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
+from gaca_agent.steps import step_batch
 from gaca_agent.types import ActionOutput, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,9 +89,7 @@ def verl_reference(rows, gamma: float, omega: float, std: bool, step_level: bool
 
 @pytest.fixture(scope="module")
 def paper_rollout():
-    collector = Collector(CollectorConfig(
-        "gaca/Diag-Corridor-v0", {"split": "test"}, max_live_envs=16, invalid_penalty=-0.1,
-        invalid_definition="format", penalty_mode="row", reward="success", reward_scale=10.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=16, invalid_penalty=-0.1, invalid_definition="format", penalty_mode="row", reward="success", reward_scale=10.0))
     try:
         return collector.run(MixedPolicy(), [(k, 100 + k) for k in range(4)], group_size=4)
     finally:
@@ -200,8 +199,8 @@ def test_optimizer_steps_follow_mini_batch_rows(tiny_model_path):
 
 
 def test_paper_config_dry_run_shows_verl_agents_setting():
-    run = subprocess.run([sys.executable, "-m", "gaca_agent.train", "--config",
-                          str(ROOT / "configs/paper/alfworld_qwen2_5_1_5b_gigpo.yaml"),
+    run = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--config",
+                          str(ROOT / "gaca_agent/configs/paper/alfworld_qwen2_5_1_5b_gigpo.yaml"),
                           "--dry-run"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     rows = re.findall(r"\n  (\S[^\n]*?)  +(\S[^\n]*)\n +\(verl-agent: ([^\n]*)\)", run.stdout)
@@ -210,25 +209,25 @@ def test_paper_config_dry_run_shows_verl_agents_setting():
         if name in ("prompts", "rollouts and weights"):
             continue  # our own words in verl-agent's structure; vLLM is not installable here
         assert ours == theirs.replace(", similarity off", ""), name
-    ours_default = subprocess.run([sys.executable, "-m", "gaca_agent.train", "--config",
-                                   str(ROOT / "configs/default.yaml"), "--dry-run"],
+    ours_default = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--config",
+                                   str(ROOT / "gaca_agent/configs/default.yaml"), "--dry-run"],
                                   capture_output=True, text=True, timeout=120).stdout
     assert "canonical state key" in ours_default and "over the group's trajectories" in ours_default
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "configs/paper").glob("*.yaml")))
+@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "gaca_agent/configs/paper").glob("*.yaml")))
 def test_every_paper_config_loads(path):
     """Each paper config passes the typed checks; the server-LoRA variants differ from
     their base config only in the rollout engine, LoRA, the learning rate and TIS; the
     server-full variants (GiGPO's full fine-tuning) only in the rollout engine and TIS."""
     from gaca_agent.config import load_config, to_dict
 
-    cfg = load_config(ROOT / "configs/paper" / path)
+    cfg = load_config(ROOT / "gaca_agent/configs/paper" / path)
     variant = next((v for v in ("_server_lora", "_server_full") if path.endswith(v + ".yaml")),
                    None)
     if variant is None:
         return
-    base = to_dict(load_config(ROOT / "configs/paper" / path.replace(variant, "")))
+    base = to_dict(load_config(ROOT / "gaca_agent/configs/paper" / path.replace(variant, "")))
     ours = to_dict(cfg)
     assert cfg.model.engine == "server" and cfg.learner.tis_cap
     assert ours["env"] == base["env"] and ours["algo"] == base["algo"]

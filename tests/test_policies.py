@@ -62,7 +62,7 @@ def test_span_nlls_are_means_over_their_tokens(tiny_model_path):
     """The step NLL of each span is the mean negative log-prob of the tokens inside it."""
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.spans import span_nlls, token_starts
+    from gaca_agent.generate.spans import span_nlls, token_starts
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     text = "<think>go left</think><action>walk forward</action>"
@@ -89,11 +89,11 @@ def test_span_nlls_are_means_over_their_tokens(tiny_model_path):
 
 
 def test_collected_rows_carry_the_engine_nll(tiny_model_path):
-    from gaca_agent.rollout.collector import Collector, CollectorConfig
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.config import EnvSection
 
     policy = make_policy(f"hf:{tiny_model_path}", max_new_tokens=8, seed=1)
-    collector = Collector(CollectorConfig("gaca/Diag-Corridor-v0", {"split": "test"},
-                                          max_live_envs=4, nll_span="response"))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=4, nll_span="response", invalid_penalty=0.0))
     try:
         rollout = collector.run(policy, [(0, 0)], group_size=2)
     finally:

@@ -275,7 +275,7 @@ def test_expert_is_none_after_a_departure(boil):
 
 
 def test_suite_lists_every_task_type():
-    from gaca_agent.suites import get_suite
+    from gaca_agent.eval.suites import get_suite
 
     suite = get_suite("scienceworld")
     assert len(suite.parts) == 30

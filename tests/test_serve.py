@@ -24,7 +24,7 @@ class Served:
     def __init__(self, model, api_key=None):
         import openai
 
-        from gaca_agent.serve import make_server
+        from gaca_agent.serving.server import make_server
 
         self.model = model
         self.server = make_server(model, "127.0.0.1", 0, api_key)
@@ -50,7 +50,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path):
-    from gaca_agent.serve import ChatModel
+    from gaca_agent.serving.server import ChatModel
 
     s = Served(ChatModel(tiny_model_path, "tiny", max_tokens=16))
     yield s
@@ -172,7 +172,7 @@ def test_stream_holds_back_what_may_become_a_stop_string(tiny_model_path):
     the longer stop that starts earlier); no delta is ever taken back."""
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.engines import first_stop
+    from gaca_agent.generate.engines import first_stop
     from gaca_agent.serving.stream import ChoiceStream
 
     assert first_stop("abc wxyzq", ["wxyzq", "yz"]) == (6, 8)
@@ -237,7 +237,7 @@ def test_concurrent_requests_are_batched_and_unchanged_by_it(served):
 def test_full_queue_is_refused_with_429(tiny_model_path):
     import openai
 
-    from gaca_agent.serve import ChatModel
+    from gaca_agent.serving.server import ChatModel
 
     s = Served(ChatModel(tiny_model_path, "tiny", max_queue=1))
     try:
@@ -262,7 +262,7 @@ def test_full_queue_is_refused_with_429(tiny_model_path):
 def test_api_key_and_bind_address(tiny_model_path):
     import openai
 
-    from gaca_agent.serve import ChatModel, make_server
+    from gaca_agent.serving.server import ChatModel, make_server
 
     s = Served(ChatModel(tiny_model_path, "tiny"), api_key="sekrit")
     try:
@@ -286,7 +286,7 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from gaca_agent.serve import ChatModel
+    from gaca_agent.serving.server import ChatModel
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(served.model.engine.model.name_or_path)
@@ -386,7 +386,7 @@ def test_cli_refuses_an_open_address_without_a_key(tiny_model_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "gaca_agent.serve", tiny_model_path,
+    out = subprocess.run([sys.executable, "-m", "gaca_agent.cli.serve", tiny_model_path,
                           "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "without an API key" in out.stderr

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not (has_module("torch") and has_module("peft"))
 
 
 def test_token_ids_in_vllm_and_sglang_forms():
-    from gaca_agent.rollout.server import returned_ids
+    from gaca_agent.generate.server_engine import returned_ids
 
     choice = {"message": {"content": "hi"}}
     vllm = {"prompt_token_ids": [1, 2], "choices": [{**choice, "token_ids": [7, 8]}]}
@@ -81,7 +81,7 @@ class FakeServer:
 def test_stale_weights_stop_and_missing_ids_stop_training(tiny_model_path):
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.server import MissingTokenIds, ServerEngine, StaleWeights
+    from gaca_agent.generate.server_engine import MissingTokenIds, ServerEngine, StaleWeights
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     messages = [{"role": "user", "content": "go"}]
@@ -124,7 +124,7 @@ def test_stale_weights_stop_and_missing_ids_stop_training(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path):
-    from gaca_agent.serve import ChatModel, make_server
+    from gaca_agent.serving.server import ChatModel, make_server
 
     model = ChatModel(tiny_model_path, "tiny")
     server = make_server(model, "127.0.0.1", 0)
@@ -136,7 +136,7 @@ def served(tiny_model_path):
 
 
 def turns(n):
-    from gaca_agent.rollout.sampling import row_key
+    from gaca_agent.generate.sampling import row_key
     from gaca_agent.types import Turn
 
     return [Turn("gaca/Diag-Corridor-v0", "Reach the exit.", f"Corridor, segment {i + 1}.",
@@ -148,7 +148,7 @@ def test_server_turns_equal_the_local_engines(served, tiny_model_path):
     tokens, log-probs and span NLLs."""
     from gaca_agent.policies.hf import HFPolicy
     from gaca_agent.policies.server import ServerPolicy
-    from gaca_agent.rollout.server import ServerEngine
+    from gaca_agent.generate.server_engine import ServerEngine
 
     base, model = served
     local = HFPolicy(tiny_model_path, temperature=1.0, max_new_tokens=12)
@@ -167,7 +167,7 @@ def test_adapter_sync_in_both_kinds_and_a_failed_load(served, tiny_model_path, t
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gaca_agent.rollout.server import ServerEngine, WeightSyncError
+    from gaca_agent.generate.server_engine import ServerEngine, WeightSyncError
 
     base, model = served
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -198,7 +198,8 @@ def test_adapter_sync_in_both_kinds_and_a_failed_load(served, tiny_model_path, t
 def test_streaming_policies_are_not_played_in_rounds():
     """A slow answer for one episode does not hold the others: while its first turn is in
     flight, the fast episodes play on."""
-    from gaca_agent.rollout.collector import Collector, CollectorConfig
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.config import EnvSection
     from gaca_agent.types import ActionOutput
 
     timeline = []
@@ -218,11 +219,10 @@ def test_streaming_policies_are_not_played_in_rounds():
             threading.Timer(0.6 if slow else 0.01, answer).start()
             return future
 
-    from gaca_agent.rollout.sampling import row_key
+    from gaca_agent.generate.sampling import row_key
 
     slow_key = row_key(11, 0, 0)  # episode 0 (seed 11, member 0), step 0
-    collector = Collector(CollectorConfig("gaca/Diag-Corridor-v0", {"split": "test"},
-                                          max_live_envs=3))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=3, invalid_penalty=0.0))
     try:
         rollout = collector.run(Uneven(), [(0, 11), (1, 12), (2, 13)], group_size=1)
     finally:
@@ -244,7 +244,7 @@ def test_truncated_importance_sampling(tiny_model_path, cap):
     from test_learner import capture_grads, make_learner, samples
 
     from conftest import full_logprobs
-    from gaca_agent.rollout.table import token_table
+    from gaca_agent.steps import StepTable
 
     grads = {}
     for c in (None, cap):
@@ -254,7 +254,7 @@ def test_truncated_importance_sampling(tiny_model_path, cap):
         model = learner.unwrapped
         exact = [full_logprobs(model, table["prompt_ids"][i], table["completion_ids"][i])
                  .numpy() - 0.5 for i in range(len(table))]
-        table = token_table(list(table["prompt_ids"]), list(table["completion_ids"]), exact)
+        table = StepTable.from_tokens(list(table["prompt_ids"]), list(table["completion_ids"]), exact)
         seen = capture_grads(learner)
         metrics = learner.update(table, np.asarray(adv))
         assert metrics["train/is_ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-3)
@@ -290,16 +290,16 @@ def test_config_refuses_what_the_server_engine_cannot_do():
 LOOP = """
 import json, sys
 from gaca_agent.config import load_config
-from gaca_agent.train import train
+from gaca_agent.training.loop import train
 
 if __name__ == "__main__":
-    run = train(load_config("configs/default.yaml", sys.argv[1:]), progress=False)
+    run = train(load_config("gaca_agent/configs/default.yaml", sys.argv[1:]), progress=False)
     print("RUN", run)
 """
 
 
 def start_gaca_serve(path: str, root):
-    serve = subprocess.Popen([sys.executable, "-m", "gaca_agent.serve", path, "--name", "tiny",
+    serve = subprocess.Popen([sys.executable, "-m", "gaca_agent.cli.serve", path, "--name", "tiny",
                               "--port", "0"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=root)
     line = serve.stdout.readline()
@@ -358,7 +358,7 @@ def test_lora_training_through_gaca_serve_matches_the_local_engine(tmp_path):
     hf: the same rollouts and losses; the server ends up serving the last adapter."""
     from pathlib import Path
 
-    from gaca_agent.tiny_model import cached_tiny_model
+    from gaca_agent.policies.tiny_model import cached_tiny_model
 
     root = Path(__file__).resolve().parents[1]
     serve, base = start_gaca_serve(str(cached_tiny_model(0)), root)
@@ -387,7 +387,7 @@ def test_full_finetuning_through_gaca_serve_matches_the_local_engine(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from gaca_agent.tiny_model import cached_tiny_model
+    from gaca_agent.policies.tiny_model import cached_tiny_model
 
     root = Path(__file__).resolve().parents[1]
     serve, base = start_gaca_serve(str(cached_tiny_model(0)), root)
@@ -428,7 +428,7 @@ def test_gaca_serve_full_weight_updates_in_both_forms(served, tiny_model_path, t
     paused server answers chat requests with 503."""
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.server import (ServerEngine, ServerRefused, WeightSyncError,
+    from gaca_agent.generate.server_engine import (ServerEngine, ServerRefused, WeightSyncError,
                                            post_json)
 
     base, model = served

@@ -12,7 +12,8 @@ pytest.importorskip("matplotlib")
 
 
 def test_reduced_study_runs_every_estimator_to_finite_metrics(tmp_path):
-    from gaca_agent.study import ESTIMATORS, PRESETS, main, plan
+    from gaca_agent.analysis.study import ESTIMATORS, PRESETS, plan
+    from gaca_agent.cli.study import main
 
     runs = plan(PRESETS["ci"])
     assert {r.label for r in runs} == set(ESTIMATORS) and {r.seed for r in runs} == {0, 1}

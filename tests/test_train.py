@@ -30,7 +30,7 @@ def env_vars():
 
 
 def run_train(args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "gaca_agent.train", "--no-progress", *args],
+    return subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", *args],
                           cwd=cwd, env=env_vars(), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -95,7 +95,7 @@ def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
         assert (full_dir / name).exists(), name
     assert list((full_dir / "tensorboard").glob("events.*"))
     # the same run, killed once its iteration-1 checkpoint is in place
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_agent.train", "--no-progress", *base,
+    proc = subprocess.Popen([sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", *base,
                              "name=killed"], cwd=tmp_path, env=env_vars(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = tmp_path / "killed" / "checkpoints" / "latest"
@@ -124,7 +124,7 @@ def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
 def test_two_process_ddp_keeps_ranks_identical(tmp_path):
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "gaca_agent.train", "--no-progress", "--config",
+           "-m", "gaca_agent.cli.train", "--no-progress", "--config",
            str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}", "name=ddp",
            *SMALL, "iterations=2", "env.groups=3", "eval_every=1", "env.eval_episodes=5"]
     run = subprocess.run(cmd, cwd=tmp_path, env={**env_vars(), "ACCELERATE_USE_CPU": "1"},

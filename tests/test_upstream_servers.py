@@ -103,7 +103,7 @@ def scorer(path):
 def engine(path, o, kind, **kw):
     from transformers import AutoTokenizer
 
-    from gaca_agent.rollout.server import ServerEngine
+    from gaca_agent.generate.server_engine import ServerEngine
 
     return ServerEngine(o.base, "tiny", AutoTokenizer.from_pretrained(path), kind, retries=0,
                         **kw)
@@ -138,7 +138,7 @@ def test_probe_refuses_vllm_raw_logprobs_and_passes_processed(sharp_model, oracl
     """Defect 1, the hidden half: vLLM's default --logprobs-mode raw_logprobs reports
     temperature-1 log-probs; the probe measures it, names the flag, and passes once the
     server runs with processed_logprobs."""
-    from gaca_agent.rollout.probe import ProbeMismatch, check, probe
+    from gaca_agent.generate.probe import ProbeMismatch, check, probe
 
     score = scorer(sharp_model)
     raw = oracle(sharp_model, "vllm")
@@ -156,8 +156,8 @@ def test_probe_refuses_vllm_raw_logprobs_and_passes_processed(sharp_model, oracl
 def test_probe_finds_sampling_defaults(sharp_model, oracle, monkeypatch):
     """A client that leaves top_k and the penalties to the server (as this one did) is
     sampled with the model's defaults; the probe of a processed-log-probs server sees it."""
-    import gaca_agent.rollout.server as server
-    from gaca_agent.rollout.probe import ProbeMismatch, check, probe
+    import gaca_agent.generate.server_engine as server
+    from gaca_agent.generate.probe import ProbeMismatch, check, probe
 
     o = oracle(sharp_model, "vllm", "--logprobs-mode", "processed_logprobs")
     monkeypatch.setattr(server, "sampling_fields",
@@ -185,8 +185,8 @@ def test_sglang_weights_are_checked_by_the_version_it_reports(sharp_model, tmp_p
     the weight version it reports itself; a disk update sets it (request bodies checked
     against SGLang's io_struct fields). Seeds: ignored without deterministic inference,
     honoured with it, and the probe says which."""
-    from gaca_agent.rollout.probe import probe
-    from gaca_agent.rollout.server import StaleWeights
+    from gaca_agent.generate.probe import probe
+    from gaca_agent.generate.server_engine import StaleWeights
 
     o = oracle(sharp_model, "sglang")
     e = engine(sharp_model, o, "sglang")
@@ -220,7 +220,7 @@ def test_failed_vllm_adapter_load_shows_its_message_and_is_not_retried(sharp_mod
                                                                        tmp_path, oracle):
     """Defect 4: vLLM answers a rank above --max-lora-rank with HTTP 500 (through its own
     OpenAIServingModels); the error carries its message and the load is sent once."""
-    from gaca_agent.rollout.server import WeightSyncError
+    from gaca_agent.generate.server_engine import WeightSyncError
 
     o = oracle(sharp_model, "vllm", "--max-lora-rank", "4")
     e = engine(sharp_model, o, "vllm")
@@ -235,7 +235,7 @@ def test_failed_vllm_adapter_load_shows_its_message_and_is_not_retried(sharp_mod
 
 
 def test_sglang_admin_key_is_sent_to_its_weight_endpoints(sharp_model, tmp_path, oracle):
-    from gaca_agent.rollout.server import WeightSyncError
+    from gaca_agent.generate.server_engine import WeightSyncError
 
     o = oracle(sharp_model, "sglang", "--admin-api-key", "s3cret")
     path = lora(sharp_model, tmp_path / "r4", 4)
@@ -254,8 +254,8 @@ def test_full_weights_from_disk_are_served_and_probed(kind, sharp_model, tiny_mo
     """Defect 5: full weights through each server's own update API (vLLM: pause,
     collective_rpc reload_weights, weight version, resume, in dev mode; SGLang:
     update_weights_from_disk); the probe then agrees with the new weights, not the old."""
-    from gaca_agent.rollout.probe import ProbeMismatch, check, probe
-    from gaca_agent.rollout.server import WeightSyncError
+    from gaca_agent.generate.probe import ProbeMismatch, check, probe
+    from gaca_agent.generate.server_engine import WeightSyncError
 
     flags = ("--logprobs-mode", "processed_logprobs", "--dev-mode") if kind == "vllm" else ()
     o = oracle(tiny_model_path, kind, *flags)

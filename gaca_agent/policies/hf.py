@@ -1,7 +1,7 @@
 """``hf:PATH``: a local transformers causal LM, sampled through a rollout engine.
 
 Prompts are chat-formatted and tokenized here; generation, exact sampled log-probs and
-the step's span NLLs come from the engine (:mod:`gaca_agent.rollout.engines`: ``hf`` by
+the step's span NLLs come from the engine (:mod:`gaca_agent.generate.engines`: ``hf`` by
 default, ``paged`` for transformers' continuous batching). Sampling uses only the
 temperature (no top-k, no top-p), so the recorded log-probs equal those of a
 teacher-forced pass at the same temperature. ``temperature=0`` decodes greedily and
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gaca_agent.rollout.prompts import PromptBuilder, parse_response
+from gaca_agent.generate.factory import InProcess
+from gaca_agent.generate.prompts import PromptBuilder, parse_response
 from gaca_agent.types import ActionOutput, Turn
 
 
@@ -27,12 +28,12 @@ class HFPolicy:
                  max_new_tokens: int = 128, history_length: int = 2,
                  template_file: str | None = None, system_prompt: str | None = None,
                  batch_size: int = 64, device: str | None = None, seed: int | None = None,
-                 max_prompt_tokens: int | None = None, engine: str = "hf",
+                 max_prompt_tokens: int | None = None, engine: InProcess = "hf",
                  with_entropy: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from gaca_agent.rollout.engines import make_engine
+        from gaca_agent.generate.factory import make_engine
 
         if isinstance(model, str):
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
@@ -55,9 +56,7 @@ class HFPolicy:
 
     # ------------------------------------------------------------- prompts
     def chat(self, turn: Turn) -> str:
-        messages = ([{"role": "system", "content": self.system_prompt}]
-                    if self.system_prompt else [])
-        messages.append({"role": "user", "content": self.prompts.build(turn)})
+        messages = self.prompts.messages(turn, self.system_prompt)
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=True)
 
@@ -71,7 +70,7 @@ class HFPolicy:
 
     # ------------------------------------------------------------- acting
     def act(self, turns: Sequence[Turn]) -> list[ActionOutput]:
-        from gaca_agent.rollout.engines import Request
+        from gaca_agent.generate.engines import Request
 
         requests = [Request(self.prompt_ids(t), self.max_new_tokens, self.temperature,
                             key=t.key) for t in turns]

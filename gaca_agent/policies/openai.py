@@ -11,7 +11,7 @@ then come with each answer, as they do from a local model, so evaluation reports
 served checkpoint carry NLLs. A server that refuses log-probs (a 400 naming them) is
 asked without them from then on. Token ids are kept when the server returns them
 (``token_ids=True`` asks for them: vLLM's and SGLang's ``return_token_ids``). For
-training rollouts through a server see :mod:`gaca_agent.rollout.server`.
+training rollouts through a server see :mod:`gaca_agent.generate.server_engine`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from gaca_agent.rollout.prompts import PromptBuilder, parse_response
-from gaca_agent.rollout.server import (ServerRefused, ServerUnreachable,  # noqa: F401
+from gaca_agent.generate.prompts import PromptBuilder, parse_response
+from gaca_agent.generate.server_engine import (ServerRefused, ServerUnreachable,  # noqa: F401
                                        post_json, returned_ids, token_starts_from_bytes)
 from gaca_agent.types import ActionOutput, Turn
 
@@ -49,10 +49,7 @@ class OpenAIPolicy:
             return list(pool.map(self._one, turns))
 
     def _one(self, turn: Turn) -> ActionOutput:
-        messages = ([{"role": "system", "content": self.system_prompt}]
-                    if self.system_prompt else [])
-        messages.append({"role": "user", "content": self.prompts.build(turn)})
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
+        body = {"model": self.model, "messages": self.prompts.messages(turn, self.system_prompt), "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
         if self.token_ids:
             body["return_token_ids"] = True
@@ -77,7 +74,7 @@ def answer(reply: dict) -> ActionOutput:
     """A policy's answer from a chat-completions reply: the text and parsed action, and,
     when the reply has them, the tokens' log-probs with the step's span NLLs and the
     token ids."""
-    from gaca_agent.rollout.spans import span_nlls
+    from gaca_agent.generate.spans import span_nlls
 
     choice = reply["choices"][0]
     text = choice["message"].get("content") or ""

@@ -7,7 +7,7 @@ from typing import Sequence, TextIO
 
 import numpy as np
 
-from gaca_agent.rollout.prompts import format_response, parse_response
+from gaca_agent.generate.prompts import format_response, parse_response
 from gaca_agent.types import ActionOutput, Turn
 
 QUERY_PLACEHOLDER = "<query>"

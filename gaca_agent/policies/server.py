@@ -1,5 +1,5 @@
 """The policy of the ``server`` rollout engine: prompts as chat messages, each turn one
-request to the inference server (:class:`gaca_agent.rollout.server.ServerEngine`).
+request to the inference server (:class:`gaca_agent.generate.server_engine.ServerEngine`).
 
 ``submit(turn)`` returns a future answer, so the collector can send an episode's next
 turn the moment its step returns (no lock-step rounds); ``act(turns)`` is the batch form.
@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Sequence
 
 from gaca_agent.policies.hf import to_output
-from gaca_agent.rollout.prompts import PromptBuilder
+from gaca_agent.generate.prompts import PromptBuilder
 from gaca_agent.types import ActionOutput, Turn
 
 
@@ -29,10 +29,7 @@ class ServerPolicy:
         self.system_prompt = system_prompt
 
     def messages(self, turn: Turn) -> list[dict]:
-        messages = ([{"role": "system", "content": self.system_prompt}]
-                    if self.system_prompt else [])
-        messages.append({"role": "user", "content": self.prompts.build(turn)})
-        return messages
+        return self.prompts.messages(turn, self.system_prompt)
 
     def submit(self, turn: Turn) -> Future:
         """A future :class:`ActionOutput` for one turn."""

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaca_agent.rollout.engines import Request
+from gaca_agent.generate.engines import Request
 from gaca_agent.serving.protocol import APIError
 
 

@@ -2,7 +2,7 @@
 
 A delta is never taken back: text that could still become a stop string, and a trailing
 partial character, are held until the next token settles them. The choice ends where
-the engine's completion ends (:func:`gaca_agent.rollout.engines.finish`): at EOS (kept as
+the engine's completion ends (:func:`gaca_agent.generate.engines.finish`): at EOS (kept as
 a token, no text), at the token that completes the first stop string (text before it), or
 after ``max_tokens`` tokens; so the streamed tokens and text add up to the completion.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gaca_agent.rollout.engines import first_stop
+from gaca_agent.generate.engines import first_stop
 
 
 class ChoiceStream:

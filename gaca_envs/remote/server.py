@@ -338,7 +338,7 @@ def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
 
 
 def _parse_args(argv: list[str] | None):
-    from gaca_envs.play import parse_kwargs
+    from gaca_envs.kv import parse_pairs
 
     p = argparse.ArgumentParser(prog="gaca-env-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -356,7 +356,7 @@ def _parse_args(argv: list[str] | None):
                    help="comma-separated env kwargs a client may choose per session")
     args = p.parse_args(argv)
     try:
-        kwargs = parse_kwargs(args.env_kwargs)
+        kwargs = parse_pairs(args.env_kwargs, "env kwarg")
     except ValueError as err:
         p.error(str(err))
     return p, args, kwargs

@@ -1,0 +1,326 @@
+"""``gaca-study``: GRPO vs GiGPO vs GACA (and peers) on the diagnostic worlds, with seeds.
+
+    gaca-study --preset pivots --out runs/study-pivots     # the 10-seed paired study
+    gaca-study --preset full --out runs/study --jobs 2     # scripts/study.sh runs this
+    gaca-study --preset ci --out /tmp/study                # the reduced version CI runs
+
+Every run is ``gaca-train`` on ``gaca_agent/configs/default.yaml`` with one estimator, one seed and
+the preset's budget (identical for all runs; the held-out tasks and their seeds are
+fixed; runs of one seed share their warm-up and their training tasks, so seeds pair the
+estimators). Runs that already finished are skipped, so a stopped study resumes. Runs go
+``--jobs`` at a time, each on one thread (default: the machine's cores, so they never
+oversubscribe them). Then the runs are aggregated: held-out success per evaluation point
+(mean and 95% t-interval over seeds), a final table (Markdown and JSON), PNG learning
+curves with shaded intervals, the estimators' diagnostics over training, and, where the
+preset names a comparison, paired differences per seed (e.g. GACA minus GiGPO) in final
+held-out success and in the area under the learning curve, with 95% t-intervals and an
+exact two-sided sign test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Every run trains the shipped ``default`` config (gaca_agent/configs/default.yaml).
+BASE_CONFIG = "default"
+
+ESTIMATORS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    # label: (estimator, params, extra overrides)
+    "grpo": ("grpo", {}, []),
+    "gigpo": ("gigpo", {"gamma": 0.95, "omega": 1.0}, []),
+    "gaca": ("gaca", {"gamma": 0.95, "omega": 1.0, "kappa": 0.25, "form": "linear"}, []),
+    "adastep": ("adastep", {"gamma": 0.95}, []),
+    "pgpo": ("pgpo", {"gamma": 0.95}, []),
+    "empg": ("empg", {}, []),
+}
+ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    "gaca-sigmoid": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "sigmoid"}, []),
+    "gaca-convex": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "convex"}, []),
+    "gaca-k0.1": ("gaca", {"gamma": 0.95, "kappa": 0.1}, []),
+    "gaca-k0.5": ("gaca", {"gamma": 0.95, "kappa": 0.5}, []),
+    "gaca-nll-action": ("gaca", {"gamma": 0.95, "kappa": 0.25}, ["env.nll_span=action"]),
+}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228}
+
+
+@dataclass(frozen=True)
+class Preset:
+    envs: tuple[tuple[str, str], ...]
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...]
+    ablation_envs: tuple[str, ...] = ()
+    labels: tuple[str, ...] = tuple(ESTIMATORS)
+    pairs: tuple[tuple[str, str], ...] = ()
+    """(a, b): report a - b per seed (paired), e.g. ("gaca", "gigpo")."""
+
+
+PRESETS = {
+    "full": Preset(envs=(("signs", "gaca/Diag-Signs-v0"), ("signs-long", "gaca/Diag-SignsLong-v0")),
+                   seeds=(0, 1, 2),
+                   overrides=("iterations=8", "eval_every=2", "env.groups=4", "env.group_size=8",
+                              "env.eval_episodes=32", "checkpoint_every=0"),
+                   ablation_envs=("signs",)),
+    # The 10-seed paired study (docs/study.md states its plan and the criterion first):
+    # Diag-Pivots level 3 (20 segments, 6 pivotal doors, jammed doors), a budget at which
+    # learning is under way but not over.
+    "pivots": Preset(envs=(("pivots-3", "gaca/Diag-Pivots-v0"),), seeds=tuple(range(10)),
+                     overrides=("iterations=8", "eval_every=2", "env.groups=8",
+                                "env.group_size=8", "env.eval_episodes=32",
+                                "checkpoint_every=0", "keep_rollouts=false",
+                                "env.kwargs={split: train, level: 3}",
+                                "env.eval_kwargs={split: test, level: 3}"),
+                     labels=("grpo", "gigpo", "gaca", "adastep", "pgpo"),
+                     pairs=(("gaca", "gigpo"), ("gigpo", "grpo"), ("gaca", "grpo"))),
+    "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
+                 overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
+                            "env.eval_episodes=4", "checkpoint_every=0", "warmup.bc_steps=5",
+                            "warmup.bc_episodes=4", "model.max_new_tokens=16")),
+}
+
+
+@dataclass
+class Run:
+    env_label: str
+    env_id: str
+    label: str
+    seed: int
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_label}__{self.label}__s{self.seed}"
+
+
+def plan(preset: Preset) -> list[Run]:
+    runs = []
+    for env_label, env_id in preset.envs:
+        table = {k: v for k, v in ESTIMATORS.items() if k in preset.labels}
+        if env_label in preset.ablation_envs:
+            table.update(ABLATIONS)
+        for label, (estimator, params, extra) in table.items():
+            for seed in preset.seeds:
+                runs.append(Run(env_label, env_id, label, seed, [
+                    f"env.id={env_id}", f"algo.estimator={estimator}",
+                    f"algo.params={json.dumps(params)}", f"seed={seed}",
+                    *preset.overrides, *extra]))
+    return runs
+
+
+def sign_test(differences: list[float]) -> float:
+    """Exact two-sided sign test p-value of paired differences (ties dropped)."""
+    wins = sum(d > 0 for d in differences)
+    n = wins + sum(d < 0 for d in differences)
+    if n == 0:
+        return 1.0
+    k = min(wins, n - wins)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def run_scores(rows: list[dict]) -> tuple[float, float] | None:
+    """(final held-out success, area under the held-out curve) of one run: the area is
+    the mean success over the evaluation points, the warm-up's included."""
+    points = [(r["iteration"], r["eval/success"]) for r in rows if "eval/success" in r]
+    if not points:
+        return None
+    points.sort()
+    return points[-1][1], sum(v for _, v in points) / len(points)
+
+
+def paired(out: Path, runs: list[Run], pairs) -> dict[str, Any]:
+    """Per env and pair (a, b): a - b per seed in final success and AUC, the mean with a
+    95% t-interval, wins/losses/ties and the sign test."""
+    scores: dict[tuple[str, str, int], tuple[float, float]] = {}
+    for run in runs:
+        got = run_scores(read_metrics(out / "runs" / run.name))
+        if got is not None:
+            scores[(run.env_label, run.label, run.seed)] = got
+    result: dict[str, Any] = {}
+    for env_label in sorted({r.env_label for r in runs}):
+        for a, b in pairs:
+            seeds = sorted(s for (e, lb, s) in scores if e == env_label and lb == a
+                           and (e, b, s) in scores)
+            if not seeds:
+                continue
+            entry: dict[str, Any] = {"seeds": seeds}
+            for k, metric in enumerate(("final", "auc")):
+                diffs = [scores[(env_label, a, s)][k] - scores[(env_label, b, s)][k]
+                         for s in seeds]
+                mean, half = t_interval(diffs)
+                entry[metric] = {"differences": diffs, "mean": mean, "ci95": [mean - half,
+                                                                              mean + half],
+                                 "wins": sum(d > 0 for d in diffs),
+                                 "losses": sum(d < 0 for d in diffs),
+                                 "ties": sum(d == 0 for d in diffs),
+                                 "sign_test_p": sign_test(diffs),
+                                 "sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0}
+            result.setdefault(env_label, {})[f"{a} - {b}"] = entry
+    return result
+
+
+def paired_markdown(result: dict[str, Any]) -> str:
+    lines = []
+    for env_label, table in result.items():
+        lines += [f"### {env_label}: paired differences per seed", "",
+                  "| comparison | metric | seeds | mean difference (95% CI) | wins / losses / "
+                  "ties | sign test p |", "|---|---|---|---|---|---|"]
+        for name, entry in table.items():
+            for metric in ("final", "auc"):
+                m = entry[metric]
+                lines.append(f"| {name} | {'final success' if metric == 'final' else 'AUC'} | "
+                             f"{len(entry['seeds'])} | {m['mean']:+.3f} ({m['ci95'][0]:+.3f} "
+                             f"to {m['ci95'][1]:+.3f}) | {m['wins']} / {m['losses']} / "
+                             f"{m['ties']} | {m['sign_test_p']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def execute(run: Run, out: Path) -> tuple[Run, bool, str]:
+    run_dir = out / "runs" / run.name
+    if (run_dir / "final_eval" / "results.json").exists():
+        return run, True, "skipped (finished)"
+    if run_dir.exists():  # an unfinished run of an earlier, stopped study: start it over
+        import shutil
+
+        shutil.rmtree(run_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", "--config",
+           BASE_CONFIG, f"out_dir={out / 'runs'}", f"name={run.name}", *run.overrides]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    ok = done.returncode == 0
+    if not ok:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / "logs" / f"{run.name}.log").write_text(done.stdout + done.stderr)
+    return run, ok, "ok" if ok else f"failed (see logs/{run.name}.log)"
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
+    """Curves (mean, CI per evaluation point), final table and diagnostics per env/label."""
+    groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
+    for run in runs:
+        rows = read_metrics(out / "runs" / run.name)
+        if rows:
+            groups[(run.env_label, run.label)].append(rows)
+    summary: dict[str, Any] = {}
+    for (env_label, label), seeds in sorted(groups.items()):
+        points: dict[int, list[float]] = defaultdict(list)
+        diag: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        finite = True
+        for rows in seeds:
+            for r in rows:
+                if "eval/success" in r:
+                    points[r["iteration"]].append(r["eval/success"])
+                for key in ("adv/singleton_frac", "adv/weight_std", "rollout/success"):
+                    if key in r:
+                        diag[key][r["iteration"]].append(r[key])
+                finite &= all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+        curve = {it: t_interval(v) for it, v in sorted(points.items())}
+        last = max(curve) if curve else None
+        auc = [sum(r["eval/success"] for r in rows if "eval/success" in r and r["iteration"] >= 0)
+               / max(1, sum("eval/success" in r and r["iteration"] >= 0 for r in rows))
+               for rows in seeds]
+        summary.setdefault(env_label, {})[label] = {
+            "seeds": len(seeds), "finite": finite,
+            "curve": {str(k): {"mean": m, "ci95": c, "n": len(points[k])}
+                      for k, (m, c) in curve.items()},
+            "final": {"mean": curve[last][0], "ci95": curve[last][1]} if last is not None else None,
+            "auc": dict(zip(("mean", "ci95"), t_interval(auc))),
+            "diagnostics": {k: {str(it): sum(v) / len(v) for it, v in sorted(d.items())}
+                            for k, d in diag.items()},
+        }
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = []
+    for env_label, table in summary.items():
+        lines += [f"### {env_label}", "",
+                  "| estimator | seeds | warm-up | final held-out success | mean over evaluations |",
+                  "|---|---|---|---|---|"]
+        for label, s in sorted(table.items(), key=lambda kv: -(kv[1]["final"] or {}).get("mean", 0)):
+            warm = s["curve"].get("-1", {}).get("mean", float("nan"))
+            fin, auc = s["final"] or {"mean": float("nan"), "ci95": 0.0}, s["auc"]
+            lines.append(f"| {label} | {s['seeds']} | {warm:.3f} | {fin['mean']:.3f} ± "
+                         f"{fin['ci95']:.3f} | {auc['mean']:.3f} ± {auc['ci95']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], out: Path) -> list[Path]:
+    """Per environment: estimators' held-out success (mean, 95% interval clipped to
+    [0, 1]), GACA's ablations, and the diagnostics over training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab20")
+    paths = []
+    for env_label, table in summary.items():
+        labels = sorted(table)
+        colour = {label: colours(i % 20) for i, label in enumerate(labels)}
+        ablations = [lb for lb in labels if lb.startswith("gaca-")]
+        panels = 4 if ablations else 3
+        fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+        curve_axes = [axes[0]] + ([axes[1]] if ablations else [])
+        for label in labels:
+            s = table[label]
+            its = sorted(int(k) for k in s["curve"])
+            mean = [s["curve"][str(i)]["mean"] for i in its]
+            ci = [s["curve"][str(i)]["ci95"] for i in its]
+            groups = [curve_axes[-1]] if label.startswith("gaca-") else [curve_axes[0]]
+            if label == "gaca" and ablations:
+                groups.append(curve_axes[-1])
+            for ax in groups:
+                ax.plot(its, mean, marker="o", ms=3, label=label, color=colour[label])
+                ax.fill_between(its, [max(0.0, m - c) for m, c in zip(mean, ci)],
+                                [min(1.0, m + c) for m, c in zip(mean, ci)], alpha=0.12,
+                                color=colour[label])
+            for ax, key in ((axes[-2], "adv/weight_std"), (axes[-1], "adv/singleton_frac")):
+                d = s["diagnostics"].get(key, {})
+                if d:
+                    ax.plot([int(k) for k in d], list(d.values()), label=label,
+                            color=colour[label], ls=":" if label.startswith("gaca-") else "-")
+        axes[0].set_title(f"{env_label}: held-out success (mean, 95% CI)")
+        if ablations:
+            axes[1].set_title("GACA ablations (forms, kappa, nll_span)")
+        axes[-2].set_title("step-weight spread (adv/weight_std)")
+        axes[-1].set_title("singleton anchor fraction")
+        for ax in curve_axes:
+            ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=7)
+        for ax in axes:
+            ax.set_xlabel("iteration (-1: after the warm-up)")
+            ax.grid(alpha=0.3)
+        axes[-2].legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        path = out / f"study_{env_label}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

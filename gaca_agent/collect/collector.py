@@ -1,0 +1,222 @@
+"""The vectorised multi-turn rollout collector.
+
+``Collector.run(policy, tasks, group_size)`` plays ``group_size`` episodes of every
+``(task_id, seed)`` in ``tasks`` (a task group: same task, same seed, same start), with
+the environments in worker processes (:mod:`workers`). Each round it asks the policy for
+the turns of *all* live environments at once (one batched generation), steps them in
+parallel, and refills finished slots from the queue. A policy with ``submit(turn)`` (the
+``server`` engine's) is not played in rounds: every live episode has its turn in flight,
+and each answered one is stepped and sent its next turn at once. It returns a :class:`Rollout`: the
+episodes and one :class:`StepTable` of their step rows (the estimators' fields plus texts,
+token ids and log-probs). Episodes whose worker died are kept, marked ``failed`` with
+the error; nothing is dropped.
+
+Each turn of a seeded episode carries a sampling key, ``row_key(seed, member, step)``
+(member = the episode's place in its task group), so a stochastic policy plays an
+episode the same way whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from gaca_agent.config.sections import EnvSection
+from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
+from gaca_agent.generate.sampling import row_key
+from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, code
+from gaca_agent.collect.workers import EnvPool, WorkerFailure
+from gaca_agent.types import ActionOutput, Turn
+
+
+class Collector:
+    """Runs task groups through a policy; owns the env pool and the episode histories.
+
+    ``env`` (gaca-train's env section) says which env and kwargs (``env.kwargs``), how
+    many workers and live episodes, the prompts' history and template, and how a step's
+    reward and penalty are formed. ``token``: the env servers' bearer token (default
+    ``$GACA_ENV_TOKEN``)."""
+
+    def __init__(self, env: EnvSection, token: str | None = None) -> None:
+        from gaca_agent.generate.families import family_of
+
+        self.config = env
+        self.token = token if token is not None else os.environ.get("GACA_ENV_TOKEN")
+        self.prompts = PromptBuilder(env.history_length, env.template_file)
+        self.family = family_of(env.id)
+        self._pool: EnvPool | None = None
+
+    @property
+    def pool(self) -> EnvPool:
+        if self._pool is None:
+            c = self.config
+            if c.servers:
+                from gaca_agent.collect.remote_pool import RemotePool
+
+                self._pool = RemotePool(list(c.servers), c.id, c.kwargs, c.max_live_envs,
+                                        c.timeout_s, self.token)
+            else:
+                self._pool = EnvPool(c.id, c.kwargs, c.max_live_envs, c.workers,
+                                     c.recycle_after, c.timeout_s)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def run(self, policy, tasks: Sequence[tuple[int, int | None]], group_size: int = 1,
+            on_episode: Callable[[Episode, list[dict[str, Any]]], None] | None = None,
+            on_step: Callable[[int], None] | None = None) -> Rollout:
+        """Play ``group_size`` episodes of each (task_id, seed); episodes in queue order.
+
+        ``on_episode(episode, rows)`` is called the moment an episode ends (its step rows
+        as dicts, see :meth:`StepTable.record`); ``on_step(n)`` after each round with the
+        number of env steps taken in it.
+        """
+        queue = [Episode(group=g, traj=g * group_size + i, task_id=int(task), seed=seed)
+                 for g, (task, seed) in enumerate(tasks) for i in range(group_size)]
+        steps = [TableBuilder() for _ in queue]
+        tables: list[StepTable | None] = [None] * len(queue)
+        pending = list(reversed(range(len(queue))))
+        live: dict[int, int] = {}  # slot -> episode index
+        state: dict[int, dict[str, Any]] = {}
+        free = list(range(min(self.pool.num_envs, len(queue))))
+        if hasattr(self.pool, "expert"):  # env servers send expert actions only when asked
+            self.pool.expert = bool(getattr(policy, "needs_expert", False))
+        # a policy that answers turns one by one (the server engine) is not played in
+        # rounds: an episode's next turn is sent as soon as its step returns
+        streaming = hasattr(policy, "submit") and not getattr(policy, "needs_expert", False)
+        inflight: dict[int, Future] = {}
+
+        def finish(slot: int, e: int) -> None:
+            live.pop(slot, None)
+            state.pop(slot, None)
+            free.append(slot)
+            ep = queue[e]
+            table = tables[e] = steps[e].table(episode=e, failed=ep.failed)
+            ep.length = len(table)
+            ep.total_reward = float(table["reward"].sum())
+            if on_episode is not None:
+                on_episode(ep, [table.record(i) for i in range(len(table))])
+
+        while pending or live:
+            self.pool.recycle_idle({self.pool.worker_of(s) for s in live})
+            starts = []
+            for slot in sorted(free, reverse=True):
+                if not pending:
+                    break
+                if self.pool.draining(slot):
+                    continue  # its worker is waiting for its live episodes to end
+                free.remove(slot)
+                e = pending.pop()
+                live[slot] = e
+                starts.append((slot, (queue[e].seed, {"task_id": queue[e].task_id})))
+            for slot, answer in self.pool.call("reset", starts).items():
+                e = live[slot]
+                if isinstance(answer, WorkerFailure):
+                    queue[e].failed, queue[e].error = True, answer.message
+                    finish(slot, e)
+                    continue
+                obs, info = answer
+                queue[e].task, queue[e].task_type = info.get("task", ""), info.get("task_type")
+                state[slot] = {"obs": obs, "info": info, "history": []}
+            if not live:
+                continue
+            if streaming:  # each live episode has its turn in flight; take those answered
+                for s in live:
+                    if s not in inflight:
+                        inflight[s] = policy.submit(self._turn(queue[live[s]], group_size,
+                                                               state[s], None))
+                wait(list(inflight.values()), return_when=FIRST_COMPLETED)
+                slots = sorted(s for s, f in inflight.items() if f.done())
+                outputs = [inflight.pop(s).result() for s in slots]
+            else:
+                slots = sorted(live)
+                experts = (self.pool.call("expert", [(s, None) for s in slots])
+                           if getattr(policy, "needs_expert", False) else {})
+                turns = [self._turn(queue[live[s]], group_size, state[s], experts.get(s))
+                         for s in slots]
+                outputs = policy.act(turns)
+                if len(outputs) != len(turns):
+                    raise RuntimeError(f"policy returned {len(outputs)} outputs for "
+                                       f"{len(turns)} turns")
+            results = self.pool.call("step", [(s, o.action) for s, o in zip(slots, outputs)])
+            for slot, out in zip(slots, outputs):
+                e = live[slot]
+                self._record(queue[e], steps[e], state[slot], out, results[slot])
+                if queue[e].failed or state[slot].get("done"):
+                    finish(slot, e)
+            if on_step is not None:
+                on_step(len(slots))
+        return _rollout(queue, tables)
+
+    def _turn(self, ep: Episode, group_size: int, st: dict[str, Any], expert) -> Turn:
+        info = st["info"]
+        expert_action = None if isinstance(expert, WorkerFailure) else expert
+        step = len(st["history"])
+        key = (None if ep.seed is None else
+               row_key(ep.seed, ep.traj % group_size, step))
+        return Turn(self.config.id, info.get("task", ""), st["obs"],
+                    tuple(info.get("admissible_actions", ())), tuple(st["history"]),
+                    step, expert_action, self.family, key)
+
+    def _record(self, ep: Episode, steps: TableBuilder, st: dict[str, Any],
+                out: ActionOutput, result) -> None:
+        if isinstance(result, WorkerFailure):
+            ep.failed, ep.error = True, result.message
+            return
+        obs, reward, terminated, truncated, info = result
+        c = self.config
+        valid = bool(info.get("action_valid", True))
+        base = (float(bool(terminated and info.get("won"))) if c.reward == "success"
+                else float(reward)) * c.reward_scale
+        invalid = not verl_format_valid(out.text) if c.invalid_definition == "format" \
+            else not valid
+        penalty = c.invalid_penalty if invalid else 0.0
+        shaped = base + (penalty if c.penalty_mode == "reward" else 0.0)
+        nll = out.nll or {}
+        before = st["info"]
+        state_key, next_key = before.get("state_key", ""), info.get("state_key", "")
+        steps.append(
+            group=ep.group, traj=ep.traj, t=len(steps), observation=st["obs"],
+            admissible_actions=tuple(before.get("admissible_actions", ())),
+            response=out.text, action_text=out.action, action=code(out.action.lower()),
+            format_valid=out.format_valid, action_valid=valid, reward=shaped,
+            penalty=penalty if c.penalty_mode == "row" else 0.0,
+            env_reward=float(reward), state_key=state_key, state=code(state_key),
+            next_state_key=next_key, next_state=code(next_key),
+            obs_state=code(st["obs"]), obs_next_state=code(obs),
+            terminal=bool(terminated), truncated=bool(truncated),
+            nll=float(nll.get(c.nll_span, 0.0)),
+            nll_response=float(nll.get("response", 0.0)),
+            nll_action=float(nll.get("action", 0.0)),
+            nll_think=float(nll.get("think", 0.0)),
+            entropy=float(np.mean(out.entropies)) if out.entropies else float("nan"),
+            prompt_ids=out.prompt_ids, completion_ids=out.completion_ids,
+            logprobs=out.logprobs,
+            info={**{k: info[k] for k in ("score", "error") if k in info},
+                  **({"token_source": out.extra["token_source"]}
+                     if out.extra.get("token_source") == "retokenized" else {})})
+        st["history"].append((st["obs"], out.action))
+        st["obs"], st["info"] = obs, info
+        if terminated or truncated:
+            ep.won = bool(info.get("won", False))
+            ep.score = float(info.get("score", 1.0 if ep.won else 0.0))
+            ep.final_observation = obs
+            if "error" in info:
+                ep.failed, ep.error = True, str(info["error"])
+            st["done"] = True
+
+
+def _rollout(episodes: list[Episode], tables: list[StepTable | None]) -> Rollout:
+    """One table of every episode's rows, in queue order (each episode's table was made
+    when it ended)."""
+    start = 0
+    for ep, table in zip(episodes, tables):
+        ep.rows = range(start, start + len(table))
+        start += len(table)
+    return Rollout(episodes, StepTable.concat(tables) if tables else TableBuilder().table())

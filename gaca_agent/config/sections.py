@@ -1,0 +1,223 @@
+"""``gaca-train``'s configuration sections: frozen dataclasses whose fields carry their
+documentation and whose ``__post_init__`` checks their ranges. The env section is also
+the collector's configuration (:class:`~gaca_agent.collect.collector.Collector` takes it)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gaca_agent.generate.factory import EngineName
+from gaca_agent.learner.config import LearnerConfig
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class EnvSection:
+    id: str = "gaca/Diag-Signs-v0"
+    kwargs: dict = field(default_factory=lambda: {"split": "train"})
+    """Training env kwargs (tasks are drawn from this split)."""
+    eval_kwargs: dict = field(default_factory=lambda: {"split": "test"})
+    """Held-out evaluation env kwargs."""
+    eval_episodes: int | Literal["all"] = "all"
+    """Held-out episodes per evaluation: ``all`` (every task of the eval split once) or a
+    number (gaca-eval's plan: fewer than the tasks are spread evenly over them)."""
+    groups: int = 8
+    """Task groups per iteration (GiGPO: 16)."""
+    group_size: int = 8
+    """Rollouts per task group, all from the same start (GiGPO: 8)."""
+    workers: int = 1
+    max_live_envs: int = 64
+    history_length: int = 2
+    template_file: str | None = None
+    invalid_penalty: float = -0.1
+    """The penalty of an invalid step (GiGPO: -0.1)."""
+    invalid_definition: Literal["admissible", "format"] = "admissible"
+    """What makes a step invalid: ``admissible`` (ours) its action was not admissible
+    (which includes malformed responses); ``format`` (verl-agent's) the response lacks
+    <think>/<action> tags or holds a CJK character, whatever its action."""
+    penalty_mode: Literal["reward", "row"] = "reward"
+    """``reward`` (ours): the penalty joins the step's reward, so it enters R_i and G_t;
+    ``row`` (verl-agent's): it shifts only that row's episode score and return-to-go,
+    after discounting."""
+    reward: Literal["env", "success"] = "env"
+    """``env``: the environment's reward (WebShop: the partial score at purchase);
+    ``success``: 1 on the winning step only (verl-agent's WebShop pays only a score of 1)."""
+    reward_scale: float = 1.0
+    """Multiplies the reward (verl-agent/GiGPO: 10 for a success)."""
+    nll_span: Literal["response", "action", "think"] = "response"
+    """What a step's NLL covers for GACA: response, action or think."""
+    servers: tuple[str, ...] = ()
+    """URLs of ``gaca-env-serve`` servers of ``env.id`` (e.g. ``[http://envhost1:8010,
+    http://envhost2:8010]``): rollouts and evaluations play there instead of in local worker
+    processes (``workers`` and ``recycle_after`` then do not apply). Token:
+    ``$GACA_ENV_TOKEN``."""
+    recycle_after: int | None = 100
+    """Resets after which a worker process is replaced (once none of its envs is
+    mid-episode): ALFWorld processes grow with every new game. None: never."""
+    timeout_s: float = 600.0
+    """How long one reset or step of a worker (or env server) may take before its
+    episodes are marked failed."""
+
+    def __post_init__(self) -> None:
+        bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"env.servers must be http(s):// URLs, got {bad}")
+        if self.groups < 1 or self.group_size < 1 or self.workers < 1 or self.max_live_envs < 1:
+            raise ValueError("env.groups, env.group_size, env.workers and env.max_live_envs "
+                             "must be >= 1")
+        if self.reward_scale <= 0:
+            raise ValueError(f"env.reward_scale must be > 0, got {self.reward_scale}")
+        if self.timeout_s <= 0 or (self.recycle_after is not None and self.recycle_after < 1):
+            raise ValueError("need env.timeout_s > 0 and env.recycle_after >= 1 (or null)")
+        if self.history_length < 0:
+            raise ValueError(f"env.history_length must be >= 0, got {self.history_length}")
+        if self.eval_episodes != "all" and int(self.eval_episodes) < 1:
+            raise ValueError(f"env.eval_episodes must be 'all' or >= 1, got {self.eval_episodes}")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: str = "tiny"
+    """``tiny`` (built in-process), ``smollm2``, or a transformers checkpoint path."""
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    """Rollout temperature (GiGPO: 1.0)."""
+    eval_temperature: float = 0.4
+    """Validation temperature (GiGPO: 0.4)."""
+    max_prompt_tokens: int | None = None
+    """Longer prompts keep their end (the newest observation) and lose their beginning."""
+    engine: EngineName = "hf"
+    """Rollout engine: ``hf`` (generate, keyed per-episode sampling), ``paged``
+    (transformers' continuous batching; see docs/benchmarks.md for which is faster) or
+    ``server`` (an inference server: vLLM, SGLang or gaca-serve; see the ``server``
+    section; LoRA adapters or full weights synced after every update)."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or (self.max_prompt_tokens is not None
+                                       and self.max_prompt_tokens < 1):
+            raise ValueError("model.max_new_tokens and model.max_prompt_tokens must be >= 1")
+        if self.temperature < 0 or self.eval_temperature < 0:
+            raise ValueError("model.temperature and model.eval_temperature must be >= 0")
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    """The inference server of ``model.engine: server`` (gaca_agent/generate/server_engine.py)."""
+
+    base_url: str = ""
+    """The server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1``."""
+    model: str = ""
+    """The base model's served name (vLLM's ``--served-model-name``, else its path): the
+    same weights as ``model.path``, which the learner trains."""
+    kind: Literal["vllm", "sglang"] = "vllm"
+    """The server's API: vLLM (0.33.0) or SGLang (0.5.23), the versions this client was
+    checked against (README, "Rolling out with vLLM or SGLang"); gaca-serve speaks both."""
+    concurrency: int = 64
+    """Requests in flight at once."""
+    timeout_s: float = 300.0
+    retries: int = 3
+    api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding the server's API key (if it needs one)."""
+    admin_api_key_env: str = "GACA_SERVER_ADMIN_KEY"
+    """The environment variable holding the key of the weight-loading endpoints (SGLang's
+    ``--admin-api-key``); unset: the API key."""
+    probe_tolerance: float = 0.05
+    """The largest mean absolute gap (nats a token) between the server's log-probs of the
+    probe completion and the learner's, at start-up and after every weight sync
+    (gaca_agent/generate/probe.py); beyond it the run stops naming the server flag to fix."""
+    probe_tokens: int = 16
+    sync_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Full fine-tuning: the dtype of the weights written for the server to load (bf16
+    halves the files; the server casts to its own dtype either way)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0:
+            raise ValueError("need server.concurrency >= 1, server.timeout_s > 0 and "
+                             "server.retries >= 0")
+        if self.probe_tolerance <= 0 or self.probe_tokens < 1:
+            raise ValueError("need server.probe_tolerance > 0 and server.probe_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class AlgoSection:
+    estimator: str = "gaca"
+    """Any registered estimator: grpo, rloo, reinforce_pp, gigpo, gaca, adastep, pgpo,
+    graft, empg."""
+    params: dict = field(default_factory=lambda: {"gamma": 0.95, "omega": 1.0})
+    """Estimator parameters (the names of docs/algorithms.md)."""
+    anchor: Literal["state", "observation"] = "state"
+    """Anchor states of step-level estimators: ``state`` (ours) the canonical state key;
+    ``observation`` (GiGPO's/verl-agent's) the exact observation text."""
+
+
+@dataclass(frozen=True)
+class WarmupSection:
+    bc_steps: int = 0
+    """Behaviour-cloning steps on transcripts of random admissible actions: teaches the
+    response format only (no success signal). 0 skips the warm-up."""
+    bc_batch: int = 16
+    bc_lr: float = 3e-3
+    bc_episodes: int = 64
+
+    def __post_init__(self) -> None:
+        if self.bc_steps < 0 or self.bc_batch < 1 or self.bc_episodes < 1 or self.bc_lr <= 0:
+            raise ValueError("need warmup.bc_steps >= 0, warmup.bc_batch >= 1, "
+                             "warmup.bc_episodes >= 1 and warmup.bc_lr > 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str = "default"
+    seed: int = 0
+    iterations: int = 20
+    eval_every: int = 5
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    out_dir: str = "runs"
+    keep_rollouts: bool = True
+    """Write every iteration's episodes to ``rollouts/`` (for ``gaca-rescore``); turn off
+    to save disk (ALFWorld at GiGPO's scale: about 2 MB an iteration, gzipped)."""
+    env: EnvSection = field(default_factory=EnvSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    algo: AlgoSection = field(default_factory=AlgoSection)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    warmup: WarmupSection = field(default_factory=WarmupSection)
+    server: ServerSection = field(default_factory=ServerSection)
+
+    def __post_init__(self) -> None:
+        from gaca_agent.advantages import make_config
+
+        make_config(self.algo.estimator, **self.algo.params)  # validates name and params
+        if not _NAME_RE.match(self.name) or ".." in self.name:
+            raise ValueError(f"name must be a plain folder name (letters, digits, '_', '-', "
+                             f"'.'), got {self.name!r}: the run is written to out_dir/name")
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.eval_every < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ValueError("need eval_every >= 0, checkpoint_every >= 0, keep_checkpoints >= 1")
+        if self.model.engine == "server":
+            check_server_setting(self)
+
+
+#: The sections of :class:`TrainConfig` by key.
+SECTIONS = {"env": EnvSection, "model": ModelSection, "algo": AlgoSection,
+            "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection}
+
+
+def check_server_setting(cfg: "TrainConfig") -> None:
+    """What ``model.engine: server`` needs, each refusal saying why."""
+    if not cfg.server.base_url or not cfg.server.model:
+        raise ValueError("model.engine: server needs server.base_url (the API root, e.g. "
+                         "http://127.0.0.1:8000/v1) and server.model (the base model's "
+                         "served name)")
+    if cfg.learner.old_logprobs != "recompute":
+        raise ValueError(
+            "model.engine: server needs learner.old_logprobs: recompute: the server's "
+            "log-probs come from other kernels than the learner's, so the learner recomputes "
+            "its own (add learner.tis_cap to also correct for the difference)")
+    if cfg.model.max_prompt_tokens is not None:
+        raise ValueError("model.max_prompt_tokens cannot apply with model.engine: server (the "
+                         "server builds the prompt's tokens); set the server's context instead")

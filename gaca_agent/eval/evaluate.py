@@ -1,0 +1,171 @@
+"""``gaca-eval``: evaluate any policy on any ``gaca/`` env or named suite.
+
+    gaca-eval --env gaca/ALFWorld-v0 --env-kwargs split=valid_seen --policy expert \\
+              --episodes all --workers 2 --out runs/eval/expert
+    gaca-eval --suite alfworld --policy hf:runs/x/final --out runs/suite/x
+    gaca-eval --compare runs/suite/x runs/suite/y
+
+``--episodes all`` covers every task of the split once, in task-id order; N episodes
+with N >= the number of tasks play task ``i % num_tasks``; fewer take N evenly spaced task
+ids (``floor(i * num_tasks / N)``), so a partial ALFWorld evaluation (games sorted by task
+type) covers every type in proportion instead of only the first. Episode i has seed
+``seed + i``, and a stochastic policy draws episode i's randomness from that seed alone,
+so a resumed evaluation plays exactly what an uninterrupted one would.
+
+Each episode is appended to ``episodes.jsonl`` the moment it ends, so re-running with the
+same ``--out`` skips finished ones (failed ones are played again). The progress bar counts
+episodes and env steps. Ctrl-C stops cleanly: what finished is saved (with
+``results.json`` and ``report.html`` over it) and the same command resumes. Writes
+``results.json``, ``episodes.jsonl`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from gaca_agent.runs.results import drop_partial_line, episode_record, read_episodes, summarize
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an evaluation; what finished is saved in ``out``."""
+
+    def __init__(self, out: Path, finished: int, planned: int) -> None:
+        super().__init__(f"interrupted: {finished} of {planned} episodes saved in {out}; "
+                         "run the same command to continue")
+        self.out, self.finished, self.planned = out, finished, planned
+
+
+def num_tasks_of(env_id: str, env_kwargs: dict[str, Any],
+                 servers: Sequence[str] | None = None) -> int:
+    """How many tasks ``env_id`` has with ``env_kwargs`` (asked of the first env server
+    when ``servers`` are given)."""
+    import gymnasium as gym
+
+    import gaca_envs
+
+    gym.register_envs(gaca_envs)
+    if servers:
+        from gaca_envs.remote.client import RemoteEnv
+
+        env = RemoteEnv(servers[0], env_kwargs, token=os.environ.get("GACA_ENV_TOKEN"))
+    else:
+        env = gym.make(env_id, **env_kwargs)
+    try:
+        return int(env.unwrapped.num_tasks)
+    finally:
+        env.close()
+
+
+def plan(episodes: str | int, num_tasks: int, seed: int) -> list[tuple[int, int]]:
+    """(task_id, seed) of every episode index (see the module docstring)."""
+    try:
+        n = num_tasks if str(episodes) == "all" else int(episodes)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"episodes must be a positive number or 'all', got {episodes!r}")
+    if n < num_tasks:
+        return [(i * num_tasks // n, seed + i) for i in range(n)]
+    return [(i % num_tasks, seed + i) for i in range(n)]
+
+
+def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes: str | int,
+             out: Path, workers: int = 1, seed: int = 0, policy_kwargs: dict | None = None,
+             max_live_envs: int = 16, history_length: int = 2, progress: bool = True,
+             policy=None, group_size: int = 1,
+             env_servers: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) one evaluation into ``out``; returns the results dict. Raises
+    :class:`EvaluationInterrupted` on Ctrl-C after saving what finished. ``env_servers``:
+    play on these ``gaca-env-serve`` URLs instead of local worker processes."""
+    out.mkdir(parents=True, exist_ok=True)
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    meta = {"env": env_id, "env_kwargs": env_kwargs, "policy": policy_spec,
+            "episodes": str(episodes), "seed": seed}
+    if group_size > 1:
+        meta["group_size"] = group_size
+    config_path = out / "config.json"
+    if config_path.exists():
+        previous = json.loads(config_path.read_text())
+        if previous != meta:
+            raise ValueError(f"{out} holds another evaluation ({previous}); use a new --out")
+    config_path.write_text(json.dumps(meta, indent=2))
+    episodes_path = out / "episodes.jsonl"
+    drop_partial_line(episodes_path)
+    records = read_episodes(episodes_path)
+    planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
+    g = group_size
+    todo = [(i, task) for i, task in enumerate(planned)
+            if any(k not in records or records[k]["failed"] for k in range(i * g, i * g + g))]
+    try:
+        if todo:
+            _play(todo, records, episodes_path, env_id, env_kwargs, policy_spec, workers,
+                  policy_kwargs, max_live_envs, history_length, progress, policy, g,
+                  env_servers)
+    except KeyboardInterrupt:
+        write_results(out, records, meta, policy_spec, env_id, complete=False)
+        raise EvaluationInterrupted(out, sum(not r["failed"] for r in records.values()),
+                                    len(planned) * g) from None
+    return write_results(out, records, meta, policy_spec, env_id, complete=True)
+
+
+def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, workers,
+          policy_kwargs, max_live_envs, history_length, progress, policy,
+          group_size: int = 1, env_servers: Sequence[str] | None = None) -> None:
+    """Play the episodes of ``todo`` (``group_size`` each, from the same seed), appending
+    each one to the file as it ends; episode index = planned index x group_size + member."""
+    from tqdm import tqdm
+
+    from gaca_agent.policies import make_policy
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.config import EnvSection
+
+    policy = policy or make_policy(policy_spec, **(policy_kwargs or {}))
+    # gaca-eval reports the environment's own rewards: no invalid-action penalty
+    collector = Collector(EnvSection(id=env_id, kwargs=dict(env_kwargs), workers=workers,
+                                     max_live_envs=max(1, min(max_live_envs, len(todo) * group_size)),
+                                     history_length=history_length, invalid_penalty=0.0,
+                                     servers=tuple(env_servers or ())))
+    bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}", unit="ep",
+               disable=not progress)
+    index_of = {g: i for g, (i, _) in enumerate(todo)}
+    steps = 0
+
+    def count(n: int) -> None:
+        nonlocal steps
+        steps += n
+        bar.set_postfix(steps=steps, refresh=True)
+
+    with open(episodes_path, "a") as f:
+        def write(ep, rows):
+            index = index_of[ep.group] * group_size + ep.traj % group_size
+            record = episode_record(index, ep, rows)
+            record["group"], record["traj"] = index_of[ep.group], index
+            records[index] = record
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            bar.update(1)
+
+        try:
+            collector.run(policy, [task for _, task in todo], group_size, on_episode=write,
+                          on_step=count)
+        finally:
+            collector.close()
+            bar.close()
+
+
+def write_results(out: Path, records, meta, policy_spec: str, env_id: str,
+                  complete: bool) -> dict[str, Any]:
+    """``results.json`` and ``report.html`` over the episode ``records`` (index -> record)."""
+    from gaca_agent.runs.report import render_report
+
+    results = summarize(records.values(), {**meta, "complete": complete, "finished_at":
+                                           time.strftime("%Y-%m-%dT%H:%M:%S")})
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.html").write_text(render_report(results, records.values(),
+                                                   f"{policy_spec} on {env_id}"))
+    return results

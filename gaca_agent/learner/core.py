@@ -1,0 +1,390 @@
+"""The accelerate-based learner: owns model, optimizer, scheduler and reference policy.
+
+``Learner.update(table, advantages)`` runs PPO-clip on this process's step rows (a
+:class:`~gaca_agent.steps.StepTable`: prompt and sampled completion ids, behaviour
+log-probs) with one advantage per row, computed beforehand by the estimator registry on
+the whole gathered batch. It only orchestrates: the loss maths is in
+:mod:`gaca_agent.learner.losses`, memory-bounded log-probs in :mod:`gaca_agent.learner.logprobs`. Metrics
+are reduced as sums and counts across processes, then divided.
+
+At scale (1.5B-7B) it is correct by construction:
+
+- **Mixed precision**: parameters and AdamW state stay fp32 (masters); with ``bf16`` the
+  forward passes run under bf16 autocast (under ``fsdp``, FSDP2's param dtype), so a
+  1e-6 step is not rounded away as it is on bf16 weights.
+- **Memory-bounded log-probs**: the output layer computes the chosen tokens' log-probs
+  chunk by chunk (never batch x tokens x vocabulary, :mod:`gaca_agent.learner.logprobs`); the
+  entropy is computed only when its loss term or ``log_entropy`` needs it.
+- **Rank-symmetric**: every rank runs the same number of mini-batches, micro-batches,
+  forward and backward calls (a rank with fewer rows pads with zero-weight micro-batches),
+  so DDP and FSDP collectives never wait on a rank that has stopped.
+- **Reference**: a frozen copy of the policy (the warmed-up one, :meth:`set_reference`),
+  sharded like the policy under ``fsdp``; under LoRA the adapter-free base.
+- **Old log-probs**: ``rollout`` (the engine's sampled log-probs) or ``recompute`` (a
+  teacher-forced pass by the learner before the update, as verl does), optionally with
+  truncated importance sampling on pi_learner_old / pi_rollout (``tis_cap``; the ratio's
+  mean and max are logged every update).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gaca_agent.learner.logprobs import forward_token_logprobs
+from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_rows, split_even,
+                                      training_table)
+from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
+from gaca_agent.learner.config import LearnerConfig
+from gaca_agent.learner.fsdp import clip_grad_norm, fsdp_modules, full_state, shard
+from gaca_agent.learner.losses import aggregate, kl_penalty, policy_loss
+
+class Learner:
+    """PPO-clip learner over a transformers causal LM, distributed with accelerate."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: LearnerConfig,
+                 accelerator: Any = None, reference: Any = None) -> None:
+        from accelerate import Accelerator
+
+        self.config, self.tokenizer = config, tokenizer
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        if config.fsdp and self.accelerator.num_processes > 1 and \
+                self.accelerator.state.distributed_type.name.startswith("FSDP"):
+            raise ValueError("learner.fsdp shards the model itself: launch with a plain "
+                             "multi-process accelerate config, not accelerate's FSDP plugin")
+        model = load_fp32(model)
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        self.ref_model = None
+        if config.lora_r > 0:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(
+                r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                target_modules=list(config.lora_targets), task_type="CAUSAL_LM"))
+        elif config.kl_coef > 0:
+            ref = load_fp32(reference) if reference is not None else copy.deepcopy(model)
+            self.ref_model = ref.eval().requires_grad_(False)
+        device = self.accelerator.device
+        self.sharded = config.fsdp and self.accelerator.num_processes > 1
+        if self.sharded:
+            model.to(device)
+            shard(model, config.bf16)
+            if self.ref_model is not None:
+                self.ref_model.to(device)
+                shard(self.ref_model, config.bf16)
+        elif self.ref_model is not None:
+            self.ref_model.to(device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        warm = max(config.warmup_steps, 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0)
+        if self.sharded:
+            self.model = model
+            self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+        else:
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+                model, optimizer, scheduler)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.steps = 0
+
+    @property
+    def unwrapped(self):
+        return self.model if self.sharded else self.accelerator.unwrap_model(self.model)
+
+    def autocast(self):
+        """bf16 autocast around forward passes (not under FSDP2, which casts itself)."""
+        if not self.config.bf16 or self.sharded:
+            return contextlib.nullcontext()
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16)
+
+    @contextlib.contextmanager
+    def rollout_context(self):
+        """Around generation with :attr:`unwrapped`: under FSDP2, every rank gathers the
+        full parameters once (forwards then run without collectives, so ranks may generate
+        different numbers of tokens), then reshards; bf16 autocast when configured."""
+        if not self.sharded:
+            with self.autocast():
+                yield
+            return
+        modules = fsdp_modules(self.model)
+        for m in modules:
+            m.unshard()
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for m in modules:
+                m.set_reshard_after_forward(True, recurse=False)
+                m.reshard()
+
+    def set_reference(self) -> None:
+        """Make the current policy the KL reference (after the warm-up)."""
+        if self.ref_model is None:
+            return
+        self.ref_model.load_state_dict(self.unwrapped.state_dict())
+
+    def save_reference(self, path: str | Path) -> None:
+        """Write the KL reference (a transformers checkpoint) so that a resumed run keeps
+        it; nothing under LoRA (the reference is the base model) or without KL."""
+        if self.ref_model is None:
+            return
+        state = (full_state(self.ref_model) if self.sharded else None)
+        if self.accelerator.is_main_process:
+            self.ref_model.save_pretrained(Path(path), state_dict=state)
+        self.accelerator.wait_for_everyone()
+
+    # ------------------------------------------------------------- forward passes
+    def _logprobs(self, model, batch: dict[str, torch.Tensor], with_entropy: bool = False):
+        with self.autocast():
+            return forward_token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                          batch["positions"], batch["targets"],
+                                          self.config.temperature, with_entropy)
+
+    def score(self, prompt_ids, completion_ids, temperature: float) -> np.ndarray:
+        """The current policy's log-probs of one completion at ``temperature`` (the
+        inference-server probe). Under FSDP2 call it inside :meth:`rollout_context`."""
+        from gaca_agent.steps import StepTable
+
+        one = training_table(StepTable.from_tokens([prompt_ids], [completion_ids],
+                                                   [np.zeros(len(completion_ids))]), [0.0])
+        batch = pad_batch(one, np.asarray([0]), self.pad_id, self.accelerator.device)
+        model = self.unwrapped  # no DDP wrapper: its forward would wait for the other ranks
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self.autocast():
+                logp, _ = forward_token_logprobs(
+                    model, batch["input_ids"], batch["attention_mask"], batch["positions"],
+                    batch["targets"], temperature if temperature > 0 else 1.0)
+        finally:
+            model.train(was_training)
+        return logp[0].float().cpu().numpy()
+
+    def _ref_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return self._logprobs(self.ref_model, batch)[0]
+            with self.unwrapped.disable_adapter():
+                return self._logprobs(self.model, batch)[0]
+
+    # ------------------------------------------------------------- symmetric schedule
+    def _global_max(self, value: int | float) -> int | float:
+        """The maximum of ``value`` over the ranks (an int stays an int)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        import torch.distributed as dist
+
+        kind = int if isinstance(value, int) else float
+        t = torch.tensor([value], device=self.accelerator.device,
+                         dtype=torch.int64 if kind is int else torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return kind(t.item())
+
+    def _global_sum(self, values: list[float]) -> list[float]:
+        acc = self.accelerator
+        t = torch.tensor(values, device=acc.device, dtype=torch.float64)
+        return acc.reduce(t, reduction="sum").tolist() if acc.num_processes > 1 else t.tolist()
+
+    def _micro(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Micro-batches of ``rows``, padded to the largest count of any rank."""
+        size = self.config.micro_batch_size
+        return micro_batches(rows, size, self._global_max(-(-len(rows) // size)))
+
+    def _n_mini(self, n_rows: int) -> int:
+        if self.config.mini_batch_rows is None:
+            return self.config.mini_batches
+        total = self._global_sum([float(n_rows)])[0]
+        return max(1, math.ceil(total / self.config.mini_batch_rows))
+
+    # ------------------------------------------------------------- update
+    def update(self, table, advantages: np.ndarray) -> dict[str, float]:
+        """One PPO update on this process's step rows (a :class:`StepTable`, one advantage
+        per row); returns reduced metrics."""
+        cfg = self.config
+        data = training_table(table, advantages)
+        rows = sampled_rows(data)
+        gap = 0.0
+        ratio = {"sum": 0.0, "max": 0.0, "n": 0.0}
+        if cfg.old_logprobs == "recompute":
+            data, gap, ratio = self._recompute_old(data, rows)
+        self.model.train()
+        sums: dict[str, float] = {}
+        n_mini = self._n_mini(len(rows))
+        for _ in range(cfg.ppo_epochs):
+            for mini in split_even(rows, n_mini):
+                self._step(data, mini, sums)
+        row_tokens = float(data["completion_ids"].lengths()[rows].sum())
+        totals = self._global_sum([sums.get(k, 0.0) for k in _SUM_KEYS]
+                                  + [gap, row_tokens, ratio["sum"], ratio["n"]])
+        s = dict(zip(_SUM_KEYS + ("gap", "row_tokens", "ratio_sum", "ratio_n"), totals))
+        return self._metrics(s, ratio)
+
+    def _metrics(self, s: dict[str, float], ratio: dict[str, float]) -> dict[str, float]:
+        cfg = self.config
+        tokens = max(s["tokens"], 1.0)
+        out = {"losses/policy": s["policy"] / max(s["opt_steps"], 1.0),
+               "losses/kl": s["kl"] / tokens, "losses/clip_frac": s["clip"] / tokens,
+               "losses/grad_norm": s["grad_norm"] / max(s["opt_steps"], 1.0),
+               "train/tokens": s["tokens"], "train/opt_steps": s["opt_steps"],
+               "train/lr": self.scheduler.get_last_lr()[0]}
+        if cfg.entropy_coef > 0 or cfg.log_entropy:
+            out["losses/entropy"] = s["entropy"] / tokens
+        if cfg.old_logprobs == "recompute":
+            # mean |recomputed - sampled| log-prob per token: rollout/learner mismatch
+            out["train/rollout_logprob_gap"] = s["gap"] / max(s["row_tokens"], 1.0)
+            # pi_learner_old / pi_rollout per token (truncated by tis_cap when set)
+            out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
+            out["train/is_ratio_max"] = self._global_max(float(ratio["max"]))
+        return out
+
+    def _recompute_old(self, data, rows: np.ndarray):
+        """Old log-probs from a teacher-forced pass under the current parameters (the
+        table's ``logprobs`` column replaced); the summed absolute difference to the
+        sampled ones; the per-token ratio pi_learner_old / pi_rollout (sum, max, count;
+        tokens without a rollout log-prob are left out) and, with ``tis_cap``, each
+        token's truncated weight (an ``is_weight`` column)."""
+        from gaca_agent.steps import Ragged
+
+        cap = self.config.tis_cap
+        comps, sampled_lp = data["completion_ids"], data["logprobs"]
+        offsets = comps.offsets
+        old = np.zeros(offsets[-1])
+        weight = np.ones(offsets[-1])
+        self.model.eval()
+        gap = 0.0
+        ratio = {"sum": 0.0, "max": 0.0, "n": 0.0}
+        with torch.no_grad():
+            for chunk in self._micro(rows):
+                batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
+                logp = self._logprobs(self.model, batch)[0].float().cpu().numpy()
+                for b, i in enumerate(chunk):
+                    if i == PAD:
+                        continue
+                    n, at = len(comps[i]), offsets[i]
+                    sampled = np.asarray(sampled_lp[i][:n], dtype=np.float64)
+                    known = np.isfinite(sampled)
+                    rho = np.exp(logp[b, :n] - np.where(known, sampled, logp[b, :n]))
+                    gap += float(np.abs(logp[b, :n] - sampled)[known].sum())
+                    if known.any():
+                        ratio["sum"] += float(rho[known].sum())
+                        ratio["max"] = max(ratio["max"], float(rho[known].max()))
+                        ratio["n"] += float(known.sum())
+                    old[at:at + n] = logp[b, :n]
+                    if cap is not None:
+                        weight[at:at + n] = np.minimum(rho, cap)
+        columns = {"logprobs": Ragged(old, offsets)}
+        if cap is not None:
+            columns["is_weight"] = Ragged(weight, offsets)
+        return data.with_columns(**columns), gap, ratio
+
+    def _step(self, data, mini: np.ndarray, sums: dict[str, float]) -> None:
+        cfg, acc = self.config, self.accelerator
+        local_tokens = float(data["completion_ids"].lengths()[mini].sum())
+        counts = self._global_sum([local_tokens, float(len(mini))])
+        denom = float(counts[0] if cfg.loss_agg == "token-mean" else counts[1])
+        denom = max(denom, 1.0) / acc.num_processes  # gradients are averaged over ranks
+        chunks = self._micro(mini)
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, chunk in enumerate(chunks):
+            last = k == len(chunks) - 1
+            sync = self.sharded or last or acc.num_processes == 1
+            with (contextlib.nullcontext() if sync else acc.no_sync(self.model)):
+                self._accumulate(data, chunk, denom, sums)
+        norm = clip_grad_norm(self.model, cfg.max_grad_norm, self.sharded, acc)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        sums["opt_steps"] = sums.get("opt_steps", 0.0) + 1.0 / acc.num_processes
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / acc.num_processes
+
+    def _accumulate(self, data, chunk: np.ndarray, denom: float, sums: dict[str, float]) -> None:
+        cfg = self.config
+        batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
+        want_entropy = cfg.entropy_coef > 0 or cfg.log_entropy
+        logp, ent = self._logprobs(self.model, batch, want_entropy)
+        mask = batch["mask"]
+        loss, clip_frac = policy_loss("ppo_clip")(logp, batch["old"], batch["adv"], mask, cfg.clip_low,
+                                        cfg.clip_high, cfg.loss_agg, denom, cfg.clip_ratio_c,
+                                        batch["isw"] if cfg.tis_cap is not None else None)
+        n_tok = float(mask.sum())
+        policy_part = float(loss.detach()) / self.accelerator.num_processes
+        if cfg.kl_coef > 0:
+            kl = kl_penalty(logp, self._ref_logprobs(batch), cfg.kl_kind)
+            loss = loss + cfg.kl_coef * aggregate(kl, mask, cfg.loss_agg, denom)
+            sums["kl"] = sums.get("kl", 0.0) + float((kl.detach() * mask).sum())
+        if ent is not None:
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.loss_agg, denom)
+            sums["entropy"] = sums.get("entropy", 0.0) + float((ent.detach() * mask).sum())
+        self.accelerator.backward(loss)
+        sums["policy"] = sums.get("policy", 0.0) + policy_part
+        sums["clip"] = sums.get("clip", 0.0) + float(clip_frac) * n_tok
+        sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) model state on every rank's CPU."""
+        if not self.sharded:
+            return {k: v.detach().cpu() for k, v in self.unwrapped.state_dict().items()}
+        return full_state(self.model)
+
+    def save_adapter(self, path: str | Path) -> None:
+        """The LoRA adapter alone (peft's files), as an inference server loads it."""
+        if self.config.lora_r <= 0:
+            raise ValueError("save_adapter needs a LoRA learner (lora_r > 0)")
+        weights = self.state_dict() if self.sharded else None
+        if self.accelerator.is_main_process:
+            self.unwrapped.save_pretrained(Path(path), state_dict=weights)
+        self.accelerator.wait_for_everyone()
+
+    def save_weights(self, path: str | Path, dtype: str = "float32") -> None:
+        """The full model as an inference server loads it from disk (config and
+        safetensors, in ``dtype``), for the full-weight sync."""
+        if self.config.lora_r > 0:
+            raise ValueError("save_weights is for full fine-tuning; save_adapter for LoRA")
+        state = self.state_dict()
+        if self.accelerator.is_main_process:
+            cast = getattr(torch, dtype)
+            state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+            self.unwrapped.save_pretrained(Path(path), state_dict=state)
+        self.accelerator.wait_for_everyone()
+
+    def save(self, path: str | Path) -> None:
+        """Model (or adapter), tokenizer, optimizer, scheduler and RNG states. Under
+        ``fsdp`` each rank writes its optimizer shard."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        acc = self.accelerator
+        weights = self.state_dict() if self.sharded else None
+        if acc.is_main_process:
+            self.unwrapped.save_pretrained(path / "model", state_dict=weights)
+            self.tokenizer.save_pretrained(path / "model")
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "steps": self.steps, "rng": rng_state()}
+        if self.sharded:
+            torch.save(state, path / f"trainer_state.rank{acc.process_index}.pt")
+        elif acc.is_main_process:
+            torch.save(state, path / "trainer_state.pt")
+        acc.wait_for_everyone()
+
+    def load_state(self, path: str | Path) -> None:
+        """Restore optimizer, scheduler and RNG (the weights are loaded at construction)."""
+        name = (f"trainer_state.rank{self.accelerator.process_index}.pt" if self.sharded
+                else "trainer_state.pt")
+        state = torch.load(Path(path) / name, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]
+        set_rng_state(state["rng"])
+
+
+_SUM_KEYS = ("policy", "kl", "clip", "entropy", "tokens", "opt_steps", "grad_norm")

@@ -1,0 +1,2 @@
+"""``gaca-train``'s loop: collect, estimate, update, sync the server, log, evaluate and
+checkpoint."""

@@ -1,0 +1,118 @@
+"""The pieces of a training iteration: its task groups, the rank-global ids, the
+advantages over every rank's rows, the reduced rollout metrics, held-out success and the
+episode records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gaca_agent.config import TrainConfig
+
+#: Seed of held-out episode i is EVAL_SEED + i, in every evaluation of a run.
+EVAL_SEED = 10_000
+
+
+def iteration_tasks(cfg: TrainConfig, iteration: int, num_tasks: int) -> list[tuple[int, int]]:
+    rng = np.random.default_rng([cfg.seed, iteration])
+    ids = rng.choice(num_tasks, size=cfg.env.groups, replace=cfg.env.groups > num_tasks)
+    seeds = rng.integers(0, 2**31 - 1, size=cfg.env.groups)
+    return [(int(t), int(s)) for t, s in zip(ids, seeds)]
+
+
+def globalize(rollout, mine: list[int], group_size: int) -> None:
+    """Local task-group and trajectory ids of a rank's rollout -> the iteration's ids."""
+    groups = np.asarray(mine, dtype=np.int64)
+    for ep in rollout.episodes:
+        ep.traj = mine[ep.group] * group_size + ep.traj % group_size
+        ep.group = mine[ep.group]
+    cols = rollout.table.columns
+    cols["traj"] = groups[cols["group"]] * group_size + cols["traj"] % group_size
+    cols["group"] = groups[cols["group"]]
+
+
+def rollout_sums(rollout) -> dict[str, float]:
+    """Sums and counts of a rollout (reduced over ranks before dividing)."""
+    done = [e for e in rollout.episodes if not e.failed]
+    ok = ~rollout.table["failed"]
+    return {"episodes": len(done), "won": sum(e.won for e in done),
+            "score": sum(e.score for e in done), "return": sum(e.total_reward for e in done),
+            "length": sum(e.length for e in done), "steps": float(ok.sum()),
+            "format_invalid": float((~rollout.table["format_valid"][ok]).sum()),
+            "failed": sum(e.failed for e in rollout.episodes)}
+
+
+def reduce_sums(acc, sums: dict[str, float]) -> dict[str, float]:
+    import torch
+
+    keys = sorted(sums)
+    t = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device)
+    if acc.num_processes > 1:
+        t = acc.reduce(t, reduction="sum")
+    return dict(zip(keys, t.tolist()))
+
+
+def rollout_metrics(s: dict[str, float], prefix: str = "rollout") -> dict[str, float]:
+    n = max(s["episodes"], 1.0)
+    out = {f"{prefix}/success": s["won"] / n, f"{prefix}/score": s["score"] / n,
+           f"{prefix}/length": s["length"] / n,
+           f"{prefix}/format_invalid": s["format_invalid"] / max(s["steps"], 1.0)}
+    if prefix == "rollout":
+        out.update({"rollout/return": s["return"] / n, "rollout/failed": s["failed"]})
+    return out
+
+
+def estimate(acc, cfg: TrainConfig, table):
+    """Advantages of this rank's rows, computed on the gathered scalar columns of every
+    rank (group statistics span ranks); returns (advantages, diagnostics, step weights)."""
+    from accelerate.utils import gather_object
+
+    from gaca_agent.advantages import compute
+    from gaca_agent.steps import StepTable, step_batch
+
+    needs_text = cfg.algo.params.get("similarity") is not None
+    parts = gather_object([table.scalars(with_observation=needs_text, anchor=cfg.algo.anchor)])
+    batch = step_batch(StepTable.concat(parts))
+    adv, diag, rows = compute(cfg.algo.estimator, batch, details=True, **cfg.algo.params)
+    start = sum(len(p) for p in parts[:acc.process_index])
+    mine = slice(start, start + len(table))
+    return adv[mine], diag, rows["weight"][mine]
+
+
+def held_out(learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> dict[str, float]:
+    """Held-out success on the evaluation episodes (the final evaluation's), each rank
+    playing its share."""
+    from gaca_agent.eval.evaluate import plan
+
+    acc = learner.accelerator
+    tasks = plan(cfg.env.eval_episodes, num_tasks, EVAL_SEED)
+    with learner.rollout_context():
+        rollout = collector.run(policy, tasks[acc.process_index::acc.num_processes], 1)
+    return rollout_metrics(reduce_sums(acc, rollout_sums(rollout)), "eval")
+
+
+def episode_records(rollout) -> list[dict[str, Any]]:
+    """Episode records (``episodes.jsonl`` form) of a rollout, with each step's advantage
+    and weight where :meth:`Rollout.attach` set them."""
+    from gaca_agent.runs.results import episode_record
+
+    return [episode_record(e, ep, rollout.steps(ep)) for e, ep in enumerate(rollout.episodes)]
+
+
+def write_train_report(run_dir: Path, cfg: TrainConfig, iteration: int, records) -> None:
+    """``train_episodes.jsonl`` and ``train_report.html``: an iteration's rollouts (the
+    main process's share) with each step's advantage and step-level weight as colours."""
+    from gaca_agent.runs.report import render_report
+    from gaca_agent.runs.results import summarize
+
+    with open(run_dir / "train_episodes.jsonl", "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    meta = {"env": cfg.env.id, "policy": f"{cfg.name} (iteration {iteration}, "
+                                         f"{cfg.algo.estimator})"}
+    (run_dir / "train_report.html").write_text(render_report(
+        summarize(records, meta), records, f"{cfg.name}: training rollouts, iteration {iteration}",
+        training=True))

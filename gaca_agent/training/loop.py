@@ -1,0 +1,242 @@
+"""The training loop: warm-up, then per iteration collect, estimate, update, sync, log,
+evaluate and checkpoint; the final save and held-out evaluation. See
+:mod:`gaca_agent.cli.train` for the files a run writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gaca_agent.config import TrainConfig, to_dict
+from gaca_agent.eval.evaluate import num_tasks_of
+from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
+                                    write_rollouts)
+from gaca_agent.training.iteration import (EVAL_SEED, episode_records, estimate, globalize,
+                                           held_out, iteration_tasks, reduce_sums,
+                                           rollout_metrics, rollout_sums, write_train_report)
+from gaca_agent.training.setup import (load_adapter, make_collector, make_policies,
+                                       resolve_model)
+from gaca_agent.training.sync import WeightSync
+
+
+class RunExists(ValueError):
+    """The run directory already holds a run (resume it, or choose another name)."""
+
+
+@dataclass
+class Run:
+    """Everything one training run holds while it runs."""
+
+    cfg: TrainConfig
+    acc: Any
+    run_dir: Path
+    learner: Any
+    tokenizer: Any
+    log: MetricsLog
+    start: int
+    policy: Any = None
+    eval_policy: Any = None
+    server: Any = None
+    collector: Any = None
+    evaluator: Any = None
+    sync: WeightSync | None = None
+    n_train: int = 0
+    n_eval: int = 0
+
+    def close(self) -> None:
+        for part in (self.collector, self.evaluator, self.server):
+            if part is not None:
+                part.close()
+
+
+def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -> Path:
+    """Run (or resume, from ``resume``'s latest checkpoint) ``cfg``; the run directory."""
+    from tqdm import tqdm
+
+    run = _open(cfg, resume)
+    try:
+        if run.start == 0:
+            _warmup(run)
+        elif run.sync is not None:
+            run.sync(run.start)  # a resumed run first puts its checkpoint's weights there
+        bar = tqdm(range(run.start, cfg.iterations), desc=cfg.name,
+                   disable=not (progress and run.acc.is_main_process))
+        for it in bar:
+            metrics = _iteration(run, it)
+            bar.set_postfix(success=f"{metrics['rollout/success']:.2f}",
+                            eval=f"{metrics.get('eval/success', float('nan')):.2f}")
+        _finish(run)
+    finally:
+        run.close()
+    run.acc.end_training()
+    return run.run_dir
+
+
+def _open(cfg: TrainConfig, resume: Path | None) -> Run:
+    """The run directory, learner (restored from the latest checkpoint when resuming),
+    policies, collectors and weight sync of a run."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from gaca_agent.learner.core import Learner
+
+    acc = Accelerator(cpu=not torch.cuda.is_available())
+    run_dir = resume or Path(cfg.out_dir) / cfg.name
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if resume is None and (run_dir / "metrics.jsonl").exists():
+        raise RunExists(f"{run_dir} already holds a run: --resume it or choose another name")
+    if acc.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    acc.wait_for_everyone()
+    torch.manual_seed(cfg.seed)
+    base = resolve_model(cfg, acc)
+    torch.manual_seed(cfg.seed)  # building the tiny model the first time draws from torch
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    weights = str(ckpt[1] / "model") if ckpt and cfg.learner.lora_r == 0 else base
+    # a resumed run keeps the reference the warm-up made (not the checkpoint's weights)
+    reference = (run_dir / "reference" if (run_dir / "reference" / "config.json").exists()
+                 else base) if ckpt else None
+    learner = Learner(weights, tokenizer, cfg.learner, acc, reference=reference)
+    if ckpt:
+        if cfg.learner.lora_r > 0:
+            load_adapter(learner, ckpt[1])
+        learner.load_state(ckpt[1])
+    # resuming a run killed before its first checkpoint starts over: drop its metrics
+    log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None))
+    run = Run(cfg, acc, run_dir, learner, tokenizer, log, ckpt[0] + 1 if ckpt else 0)
+    run.policy, run.eval_policy, run.server = make_policies(cfg, learner, tokenizer)
+    run.n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs, cfg.env.servers)
+    run.n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs, cfg.env.servers)
+    run.collector = make_collector(cfg, cfg.env.kwargs)
+    run.evaluator = make_collector(cfg, cfg.env.eval_kwargs)  # one for every evaluation
+    if run.server is not None:
+        run.sync = WeightSync(learner, run.server, run_dir, cfg.name, cfg.server,
+                              cfg.model.temperature, cfg.model.eval_temperature)
+    return run
+
+
+def _iteration(run: Run, it: int) -> dict[str, float]:
+    """One iteration: collect, estimate, update, sync, log, evaluate, save."""
+    import torch
+
+    cfg, acc, learner = run.cfg, run.acc, run.learner
+    torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
+    tasks = iteration_tasks(cfg, it, run.n_train)
+    mine = list(range(acc.process_index, len(tasks), acc.num_processes))
+    t0 = time.perf_counter()
+    with learner.rollout_context():
+        rollout = run.collector.run(run.policy, [tasks[g] for g in mine], cfg.env.group_size)
+    globalize(rollout, mine, cfg.env.group_size)
+    t_collect = time.perf_counter() - t0
+    table = rollout.training_table()
+    adv, diag, weight = estimate(acc, cfg, table)
+    t1 = time.perf_counter()
+    metrics = learner.update(table, adv)
+    t_update = time.perf_counter() - t1
+    if run.sync is not None:
+        metrics.update(run.sync(it + 1))  # the next rollouts use this update's weights
+    sums = reduce_sums(acc, rollout_sums(rollout))
+    metrics.update(rollout_metrics(sums))
+    metrics.update({f"adv/{k}": v for k, v in diag.items()})
+    metrics.update({"perf/tokens_per_s": metrics["train/tokens"] / max(t_update, 1e-9),
+                    "perf/env_steps_per_s": sums["steps"] / max(t_collect, 1e-9),
+                    "perf/collect_s": t_collect, "perf/update_s": t_update})
+    last = it + 1 == cfg.iterations
+    if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last):
+        metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+    run.log.log(it, metrics)
+    rollout.attach(advantage=adv, weight=weight)
+    records = episode_records(rollout)
+    if cfg.keep_rollouts:
+        write_rollouts(run.run_dir, it, acc.process_index, records)
+    if last and acc.is_main_process:
+        write_train_report(run.run_dir, cfg, it, records)
+    if cfg.checkpoint_every and ((it + 1) % cfg.checkpoint_every == 0 or last):
+        save_checkpoint(learner, run.run_dir, it, cfg.keep_checkpoints)
+    return metrics
+
+
+def _warmup(run: Run) -> None:
+    """Format-only behaviour cloning; the warmed-up policy becomes the KL reference and is
+    saved in ``reference/`` so that a resumed run keeps it."""
+    from gaca_agent.learner.warmup import behaviour_clone, transcripts
+    from gaca_agent.policies import make_policy
+
+    cfg, learner, tokenizer, collector = run.cfg, run.learner, run.tokenizer, run.collector
+    n_train, sync, run_dir = run.n_train, run.sync, run.run_dir
+    acc = learner.accelerator
+    metrics: dict[str, Any] = {}
+    if cfg.warmup.bc_steps > 0:
+        n = cfg.warmup.bc_episodes
+        tasks = [(i % n_train, 50_000 + i) for i in range(n)]
+        rollout = collector.run(make_policy("random", seed=cfg.seed), tasks, 1)
+        pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
+        metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, cfg.warmup.bc_steps,
+                                       cfg.warmup.bc_batch, cfg.warmup.bc_lr, cfg.seed,
+                                       acc.device))
+        learner.set_reference()
+        learner.save_reference(run_dir / "reference")
+    if sync is not None:
+        metrics.update(sync(0))  # the server rolls out with the (warmed-up) adapter
+    if cfg.eval_every:
+        metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+    run.log.log(-1, metrics)
+
+
+def param_digest(state: dict) -> str:
+    """A hash of a model state (equal on every rank when the ranks are in sync)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _finish(run: Run) -> None:
+    """Save the final model and evaluate it on the held-out split (ranks share the
+    episodes; the main process writes ``final_eval/``)."""
+    from accelerate.utils import gather_object
+
+    from gaca_agent.eval.evaluate import plan, write_results
+
+    cfg, learner, run_dir, n_eval = run.cfg, run.learner, run.run_dir, run.n_eval
+    acc = learner.accelerator
+    learner.save(run_dir / "final")
+    trainable = {k for k, p in learner.unwrapped.named_parameters() if p.requires_grad}
+    state = learner.state_dict()
+    digests = gather_object([param_digest({k: v for k, v in state.items() if k in trainable})])
+    tasks = plan(cfg.env.eval_episodes, n_eval, EVAL_SEED)
+    mine = list(range(acc.process_index, len(tasks), acc.num_processes))
+    with learner.rollout_context():
+        rollout = run.evaluator.run(run.eval_policy, [tasks[i] for i in mine], 1)
+    records = episode_records(rollout)
+    for record in records:  # local episode -> the plan's episode index
+        record["index"] = mine[record["index"]]
+    records = gather_object(records)
+    if acc.is_main_process:
+        write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
+            {"digests": digests, "in_sync": len(set(digests)) == 1}))
+        out = run_dir / "final_eval"
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"env": cfg.env.id, "env_kwargs": dict(cfg.env.eval_kwargs), "policy": "trained",
+                "episodes": str(cfg.env.eval_episodes), "seed": EVAL_SEED}
+        with open(out / "episodes.jsonl", "w") as f:
+            for record in sorted(records, key=lambda r: r["index"]):
+                f.write(json.dumps(record) + "\n")
+        write_results(out, {r["index"]: r for r in records}, meta, "trained", cfg.env.id, True)
+        try:
+            from gaca_agent.runs.plots import plot_run
+
+            plot_run(run_dir)
+        except ImportError:
+            pass
+    acc.wait_for_everyone()

@@ -1,0 +1,60 @@
+"""What a run is built from: the model path, the rollout policies (and the server engine
+when ``model.engine: server``), the collectors, a LoRA checkpoint's adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gaca_agent.config import TrainConfig
+
+
+def resolve_model(cfg: TrainConfig, accelerator) -> str:
+    if cfg.model.path == "tiny":
+        from gaca_agent.policies.tiny_model import cached_tiny_model
+
+        if accelerator.is_main_process:
+            cached_tiny_model(cfg.seed)
+        accelerator.wait_for_everyone()
+        return str(cached_tiny_model(cfg.seed))
+    if cfg.model.path == "smollm2":
+        from gaca_agent.policies.smollm2 import smollm2_path
+
+        return str(smollm2_path())
+    return cfg.model.path
+
+
+def load_adapter(learner, checkpoint: Path) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(checkpoint / "model" / "adapter_model.safetensors"))
+    set_peft_model_state_dict(learner.unwrapped, weights)
+
+
+def make_policies(cfg: TrainConfig, learner, tokenizer):
+    """(training policy, held-out policy, server engine or None) for ``model.engine``."""
+    m, e = cfg.model, cfg.env
+    if m.engine != "server":
+        from gaca_agent.policies.hf import HFPolicy
+
+        return (*(HFPolicy(learner.unwrapped, tokenizer, t, m.max_new_tokens,
+                           e.history_length, e.template_file,
+                           device=learner.accelerator.device,
+                           max_prompt_tokens=m.max_prompt_tokens, engine=m.engine)
+                  for t in (m.temperature, m.eval_temperature)), None)
+    from gaca_agent.generate.factory import make_engine
+    from gaca_agent.policies.server import ServerPolicy
+
+    engine = make_engine("server", tokenizer=tokenizer, server=cfg.server)
+    return (*(ServerPolicy(engine, t, m.max_new_tokens, e.history_length, e.template_file)
+              for t in (m.temperature, m.eval_temperature)), engine)
+
+
+def make_collector(cfg: TrainConfig, kwargs: dict, live: int | None = None):
+    """A collector of ``cfg.env`` with env kwargs ``kwargs`` (training or held-out)."""
+    from dataclasses import replace
+
+    from gaca_agent.collect.collector import Collector
+
+    return Collector(replace(cfg.env, kwargs=dict(kwargs),
+                             max_live_envs=live or cfg.env.max_live_envs))

@@ -1,0 +1,104 @@
+"""Putting the learner's weights on the inference server after every update, and probing
+the server before the next rollout (``model.engine: server``)."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+
+class WeightSync:
+    """After each update the learner's weights go to the inference server, which is then
+    probed (gaca_agent/generate/probe.py) before the next rollout. LoRA: the adapter is
+    saved under ``adapters/v{version}`` and loaded under a name unique to this run and
+    version; full fine-tuning: the weights are saved under ``weights/v{version}`` and
+    loaded through the server's disk-update API, labelled with that name. Every rank's
+    engine then checks each response against it. A failed load or probe stops the run on
+    every rank with the main process's reason."""
+
+    def __init__(self, learner, engine, run_dir: Path, name: str, server,
+                 temperature: float, eval_temperature: float) -> None:
+        from accelerate.utils import broadcast_object_list
+
+        self.learner, self.engine, self.server = learner, engine, server
+        self.lora = learner.config.lora_r > 0
+        self.dir = run_dir / ("adapters" if self.lora else "weights")
+        # the probe's metric prefix and temperature: the rollouts', then the held-out one
+        # when it differs (greedy sampling, temperature 0, is not probed)
+        self.temperatures = [("probe", temperature)] if temperature > 0 else []
+        if eval_temperature > 0 and eval_temperature != temperature:
+            self.temperatures.append(("probe_eval", eval_temperature))
+        self.warned_seed = False
+        token = [secrets.token_hex(3)]
+        if learner.accelerator.num_processes > 1:
+            broadcast_object_list(token)
+        self.prefix = f"{name}-{token[0]}"
+
+    def __call__(self, version: int) -> dict[str, float]:
+        acc = self.learner.accelerator
+        t0 = time.perf_counter()
+        name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
+        if self.lora:
+            self.learner.save_adapter(path)
+            load = partial(self.engine.load_adapter, name, str(path.resolve()))
+        else:
+            self.learner.save_weights(path, self.server.sync_dtype)
+            load = partial(self.engine.update_weights_from_disk, str(path.resolve()), name)
+        self._on_main(load, f"weight sync of version {version} failed")
+        if self.lora:  # the other ranks' engines (the main one has it)
+            self.engine.adapter = name
+        if not self.lora or self.engine.kind == "sglang":  # the label responses carry
+            self.engine.weight_version = name
+        with self.learner.rollout_context():  # every rank (FSDP gathers); the main probes
+            metrics = self._on_main(self._probe,
+                                    f"after the weight sync of version {version}")
+        if acc.is_main_process:  # older versions are unloaded: drop their files
+            for old in self.dir.glob("v*"):
+                if old.name not in (f"v{version}", f"v{version - 1}"):
+                    shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+        return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
+                **(metrics or {})}
+
+    def _on_main(self, step, context: str):
+        """``step()`` on the main process; its result, or its failure raised on every
+        rank with the main process's reason (a probe mismatch as
+        :class:`ProbeMismatch`, anything else as :class:`WeightSyncError`)."""
+        from accelerate.utils import broadcast_object_list
+
+        from gaca_agent.generate.probe import ProbeMismatch
+        from gaca_agent.generate.server_engine import WeightSyncError
+
+        acc = self.learner.accelerator
+        outcome: list = [None, None]
+        if acc.is_main_process:
+            try:
+                outcome[1] = step()
+            except Exception as err:  # every rank stops with the main process's reason
+                outcome[0] = (isinstance(err, ProbeMismatch), f"{type(err).__name__}: {err}")
+        if acc.num_processes > 1:
+            broadcast_object_list(outcome)
+        if outcome[0] is not None:
+            mismatch, reason = outcome[0]
+            raise (ProbeMismatch if mismatch else WeightSyncError)(f"{context}: {reason}")
+        return outcome[1]
+
+    def _probe(self) -> dict[str, float]:
+        """The probe at the rollout and the held-out temperature (main process, inside the
+        rollout context): its metrics; :class:`ProbeMismatch` beyond the tolerance."""
+        from gaca_agent.generate.probe import check, probe
+
+        out: dict[str, float] = {}
+        for tag, t in self.temperatures:
+            result = probe(self.engine, self.learner.score, t, self.server.probe_tokens)
+            out.update(result.metrics(tag))
+            check(result, self.server.probe_tolerance, self.engine.kind)
+        if not out.get("probe/seed_honoured", 1.0) and not self.warned_seed:
+            self.warned_seed = True
+            print("warning: the inference server ignores the request seed (SGLang: start "
+                  "it with --enable-deterministic-inference): rollouts are not "
+                  "reproducible from the run's seed; training is unaffected", flush=True)
+        return out
