@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import gaca_envs  # noqa: E402
 from gaca_envs.data import shared_data  # noqa: E402
-from gaca_envs.remote.server import start_process  # noqa: E402
+from gaca_envs.remote.launch import start_process  # noqa: E402
 
 gym.register_envs(gaca_envs)
 

@@ -52,14 +52,9 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
     obs, info = start(True)
     total, steps, show = 0.0, 0, True
     while True:
+        actions = info["admissible_actions"]
         if show:
-            say(f"\n{obs}\n")
-            actions = info["admissible_actions"]
-            if len(actions) <= LIST_LIMIT:
-                for i, action in enumerate(actions, 1):
-                    say(f"  {i:3d}. {action}")
-            else:  # ScienceWorld lists hundreds to thousands
-                say(f"  ({len(actions)} admissible actions: :actions lists them numbered)")
+            _show(say, obs, actions)
         show = True
         stdout.write("> ")
         stdout.flush()
@@ -70,9 +65,11 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
         if not line.strip():  # nothing typed: not a step
             show = False
             continue
+        if line.strip() == ":actions" and actions:
+            say("\n".join(f"  {i:3d}. {a}" for i, a in enumerate(actions, 1)))
+            show = False
+            continue
         if line.strip() == ":actions":
-            for i, action in enumerate(actions, 1):
-                say(f"  {i:3d}. {action}")
             show = False
             continue
         if line.strip() == ":reset":
@@ -80,12 +77,9 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
             total, steps = 0.0, 0
             continue
         if line.strip() == ":expert":
-            expert = getattr(env.unwrapped, "expert_action", None)
-            action = expert() if expert else None
+            action = _expert(env, say)
             if action is None:
-                say("(no expert action available)")
                 continue
-            say(f"(expert) {action}")
         else:
             action = choose(line, actions)
         obs, reward, terminated, truncated, info = env.step(action)
@@ -100,6 +94,24 @@ def play(env: gym.Env, seed: int | None, task_id: int | None,
             returns.append(total)
             obs, info = start(False)
             total, steps = 0.0, 0
+
+
+def _expert(env: gym.Env, say) -> str | None:
+    """The env's expert action (said), or None (and why)."""
+    expert = getattr(env.unwrapped, "expert_action", None)
+    action = expert() if expert else None
+    say("(no expert action available)" if action is None else f"(expert) {action}")
+    return action
+
+
+def _show(say, obs: str, actions) -> None:
+    """An observation and its numbered actions (only a count when there are many)."""
+    say(f"\n{obs}\n")
+    if len(actions) <= LIST_LIMIT:
+        if actions:
+            say("\n".join(f"  {i:3d}. {a}" for i, a in enumerate(actions, 1)))
+    else:  # ScienceWorld lists hundreds to thousands
+        say(f"  ({len(actions)} admissible actions: :actions lists them numbered)")
 
 
 def main(argv: list[str] | None = None) -> int:

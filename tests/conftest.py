@@ -93,7 +93,7 @@ def start_env_server(env_id: str, *args: str, timeout_s: float = 120.0):
     """A ``gaca-env-serve`` process on a free loopback port: ``(process, url)``."""
     if not (has_module("openenv") and has_module("uvicorn") and has_module("websockets")):
         pytest.skip("env server needs the envserver extra (pip install -e '.[envserver]')")
-    from gaca_envs.remote.server import start_process
+    from gaca_envs.remote.launch import start_process
 
     return start_process(env_id, *args, timeout_s=timeout_s)
 

@@ -12,7 +12,7 @@ from gaca_agent.eval.evaluate import EvaluationInterrupted, evaluate
 from gaca_envs.kv import parse_pairs
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gaca-eval", description=_module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", help="a gaca/ env id")
@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-suites", action="store_true")
     parser.add_argument("--compare", nargs="+", type=Path, default=None,
                         help="print evaluations or suites side by side")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     from gaca_agent.eval import suites
+
+    parser_ = parser()
+    args = parser_.parse_args(argv)
 
     if args.list_suites:
         for name, suite in suites.SUITES.items():
@@ -47,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         print(suites.compare(args.compare))
         return 0
     if not args.policy:
-        parser.error("--policy is required")
+        parser_.error("--policy is required")
     try:
         policy_kwargs = parse_pairs(args.policy_kwargs, "policy kwarg")
         env_kwargs = parse_pairs(args.env_kwargs, "env kwarg")
     except ValueError as err:
-        parser.error(str(err))
+        parser_.error(str(err))
     try:
         if args.suite:
             out = args.out or Path("runs") / "suites" / args.suite
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table)
             return 0
         if not args.env:
-            parser.error("--env (or --suite) is required")
+            parser_.error("--env (or --suite) is required")
         name = f"{args.env.split('/')[-1]}-{args.policy.replace(':', '_').replace('/', '_')}"
         out = args.out or Path("runs") / "eval" / name
         results = evaluate(args.env, env_kwargs, args.policy, args.episodes or "10", out,
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
     except ValueError as err:
-        parser.error(str(err))
+        parser_.error(str(err))
     print(json.dumps({k: results[k] for k in ("n", "failed", "success_rate", "success_ci95",
                                               "mean_score", "mean_steps")}, indent=2))
     print(f"wrote {out}/results.json, episodes.jsonl, report.html")

@@ -77,82 +77,79 @@ class Collector:
         as dicts, see :meth:`StepTable.record`); ``on_step(n)`` after each round with the
         number of env steps taken in it.
         """
-        queue = [Episode(group=g, traj=g * group_size + i, task_id=int(task), seed=seed)
-                 for g, (task, seed) in enumerate(tasks) for i in range(group_size)]
-        steps = [TableBuilder() for _ in queue]
-        tables: list[StepTable | None] = [None] * len(queue)
-        pending = list(reversed(range(len(queue))))
-        live: dict[int, int] = {}  # slot -> episode index
-        state: dict[int, dict[str, Any]] = {}
-        free = list(range(min(self.pool.num_envs, len(queue))))
+        play = _Play([Episode(group=g, traj=g * group_size + i, task_id=int(task), seed=seed)
+                      for g, (task, seed) in enumerate(tasks) for i in range(group_size)],
+                     self.pool.num_envs, on_episode)
         if hasattr(self.pool, "expert"):  # env servers send expert actions only when asked
             self.pool.expert = bool(getattr(policy, "needs_expert", False))
         # a policy that answers turns one by one (the server engine) is not played in
         # rounds: an episode's next turn is sent as soon as its step returns
         streaming = hasattr(policy, "submit") and not getattr(policy, "needs_expert", False)
         inflight: dict[int, Future] = {}
-
-        def finish(slot: int, e: int) -> None:
-            live.pop(slot, None)
-            state.pop(slot, None)
-            free.append(slot)
-            ep = queue[e]
-            table = tables[e] = steps[e].table(episode=e, failed=ep.failed)
-            ep.length = len(table)
-            ep.total_reward = float(table["reward"].sum())
-            if on_episode is not None:
-                on_episode(ep, [table.record(i) for i in range(len(table))])
-
-        while pending or live:
-            self.pool.recycle_idle({self.pool.worker_of(s) for s in live})
-            starts = []
-            for slot in sorted(free, reverse=True):
-                if not pending:
-                    break
-                if self.pool.draining(slot):
-                    continue  # its worker is waiting for its live episodes to end
-                free.remove(slot)
-                e = pending.pop()
-                live[slot] = e
-                starts.append((slot, (queue[e].seed, {"task_id": queue[e].task_id})))
-            for slot, answer in self.pool.call("reset", starts).items():
-                e = live[slot]
-                if isinstance(answer, WorkerFailure):
-                    queue[e].failed, queue[e].error = True, answer.message
-                    finish(slot, e)
-                    continue
-                obs, info = answer
-                queue[e].task, queue[e].task_type = info.get("task", ""), info.get("task_type")
-                state[slot] = {"obs": obs, "info": info, "history": []}
-            if not live:
+        while play.pending or play.live:
+            self._start(play)
+            if not play.live:
                 continue
-            if streaming:  # each live episode has its turn in flight; take those answered
-                for s in live:
-                    if s not in inflight:
-                        inflight[s] = policy.submit(self._turn(queue[live[s]], group_size,
-                                                               state[s], None))
-                wait(list(inflight.values()), return_when=FIRST_COMPLETED)
-                slots = sorted(s for s, f in inflight.items() if f.done())
-                outputs = [inflight.pop(s).result() for s in slots]
+            if streaming:
+                slots, outputs = self._answered(play, policy, group_size, inflight)
             else:
-                slots = sorted(live)
-                experts = (self.pool.call("expert", [(s, None) for s in slots])
-                           if getattr(policy, "needs_expert", False) else {})
-                turns = [self._turn(queue[live[s]], group_size, state[s], experts.get(s))
-                         for s in slots]
-                outputs = policy.act(turns)
-                if len(outputs) != len(turns):
-                    raise RuntimeError(f"policy returned {len(outputs)} outputs for "
-                                       f"{len(turns)} turns")
+                slots, outputs = self._round(play, policy, group_size)
             results = self.pool.call("step", [(s, o.action) for s, o in zip(slots, outputs)])
             for slot, out in zip(slots, outputs):
-                e = live[slot]
-                self._record(queue[e], steps[e], state[slot], out, results[slot])
-                if queue[e].failed or state[slot].get("done"):
-                    finish(slot, e)
+                e = play.live[slot]
+                self._record(play.queue[e], play.steps[e], play.state[slot], out, results[slot])
+                if play.queue[e].failed or play.state[slot].get("done"):
+                    play.finish(slot, e)
             if on_step is not None:
                 on_step(len(slots))
-        return _rollout(queue, tables)
+        return _rollout(play.queue, play.tables)
+
+    def _start(self, play: "_Play") -> None:
+        """Reset free slots with the next queued episodes (a failed reset ends one)."""
+        self.pool.recycle_idle({self.pool.worker_of(s) for s in play.live})
+        starts = []
+        for slot in sorted(play.free, reverse=True):
+            if not play.pending:
+                break
+            if self.pool.draining(slot):
+                continue  # its worker is waiting for its live episodes to end
+            play.free.remove(slot)
+            e = play.pending.pop()
+            play.live[slot] = e
+            ep = play.queue[e]
+            starts.append((slot, (ep.seed, {"task_id": ep.task_id})))
+        for slot, answer in self.pool.call("reset", starts).items():
+            e = play.live[slot]
+            if isinstance(answer, WorkerFailure):
+                play.queue[e].failed, play.queue[e].error = True, answer.message
+                play.finish(slot, e)
+                continue
+            obs, info = answer
+            ep = play.queue[e]
+            ep.task, ep.task_type = info.get("task", ""), info.get("task_type")
+            play.state[slot] = {"obs": obs, "info": info, "history": []}
+
+    def _answered(self, play: "_Play", policy, group_size: int, inflight: dict[int, Future]):
+        """Every live episode has its turn in flight; the slots answered so far."""
+        for s in play.live:
+            if s not in inflight:
+                inflight[s] = policy.submit(self._turn(play.queue[play.live[s]], group_size,
+                                                       play.state[s], None))
+        wait(list(inflight.values()), return_when=FIRST_COMPLETED)
+        slots = sorted(s for s, f in inflight.items() if f.done())
+        return slots, [inflight.pop(s).result() for s in slots]
+
+    def _round(self, play: "_Play", policy, group_size: int):
+        """The turns of every live episode in one policy call."""
+        slots = sorted(play.live)
+        experts = (self.pool.call("expert", [(s, None) for s in slots])
+                   if getattr(policy, "needs_expert", False) else {})
+        turns = [self._turn(play.queue[play.live[s]], group_size, play.state[s], experts.get(s))
+                 for s in slots]
+        outputs = policy.act(turns)
+        if len(outputs) != len(turns):
+            raise RuntimeError(f"policy returned {len(outputs)} outputs for {len(turns)} turns")
+        return slots, outputs
 
     def _turn(self, ep: Episode, group_size: int, st: dict[str, Any], expert) -> Turn:
         info = st["info"]
@@ -210,6 +207,33 @@ class Collector:
             if "error" in info:
                 ep.failed, ep.error = True, str(info["error"])
             st["done"] = True
+
+
+class _Play:
+    """The episodes of one :meth:`Collector.run`: queued, live (slot -> episode), each
+    live slot's observation and history, and every episode's steps."""
+
+    def __init__(self, queue: list[Episode], num_envs: int,
+                 on_episode: Callable[[Episode, list[dict[str, Any]]], None] | None) -> None:
+        self.queue, self.on_episode = queue, on_episode
+        self.steps = [TableBuilder() for _ in queue]
+        self.tables: list[StepTable | None] = [None] * len(queue)
+        self.pending = list(reversed(range(len(queue))))
+        self.live: dict[int, int] = {}
+        self.state: dict[int, dict[str, Any]] = {}
+        self.free = list(range(min(num_envs, len(queue))))
+
+    def finish(self, slot: int, e: int) -> None:
+        """Episode ``e`` has ended: its table is made and its slot freed."""
+        self.live.pop(slot, None)
+        self.state.pop(slot, None)
+        self.free.append(slot)
+        ep = self.queue[e]
+        table = self.tables[e] = self.steps[e].table(episode=e, failed=ep.failed)
+        ep.length = len(table)
+        ep.total_reward = float(sum(table["reward"].tolist()))  # in step order, as Python sums
+        if self.on_episode is not None:
+            self.on_episode(ep, [table.record(i) for i in range(len(table))])
 
 
 def _rollout(episodes: list[Episode], tables: list[StepTable | None]) -> Rollout:

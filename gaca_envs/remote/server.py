@@ -105,101 +105,109 @@ def _models():
     return GacaAction, GacaObservation, GacaState
 
 
+class _Session:
+    """The methods of the OpenEnv ``Environment`` class that :func:`make_environment_class`
+    makes (which sets ``settings``, ``engine_lock`` and the message types on it)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    # the engines are not thread-safe (TextWorld's parser and caches, ALFWorld's module
+    # state: 16 concurrent ALFWorld sessions failed 15 of 13,223 steps unserialised), so
+    # every env call of the process takes one lock, and sessions share one thread
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+    opened = 0  # envs made since the server started (sessions and stateless calls)
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).opened += 1
+        self._env = None
+        self._kwargs: dict[str, Any] | None = None
+        self._expert = False
+        self._state = self.state_type(env_id=self.settings.env_id)
+
+    def _ensure(self, env_kwargs: dict[str, Any] | None) -> None:
+        import gymnasium as gym
+
+        kwargs = self.settings.kwargs_for(env_kwargs)
+        if self._env is None or kwargs != self._kwargs:
+            self.close()
+            with self.engine_lock:
+                self._env = gym.make(self.settings.env_id, **kwargs)
+            self._kwargs = kwargs
+            self._state.env_kwargs = kwargs
+            self._state.num_tasks = getattr(self._env.unwrapped, "num_tasks", None)
+
+    def _observe(self, obs, reward, terminated, truncated, info):
+        fields = encode_step(obs, reward, terminated, truncated, info)
+        if self._expert and not fields["done"]:
+            fn = getattr(self._env.unwrapped, "expert_action", None)
+            fields["expert_action"] = fn() if fn else None
+        self._state.state_key = fields["state_key"]
+        self._state.task_id = fields["task_id"]
+        return self.observation_type(**fields)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None,
+              options: dict[str, Any] | None = None,
+              env_kwargs: dict[str, Any] | None = None, expert: bool = False,
+              **unknown: Any):
+        if unknown:
+            raise ValueError(f"unknown reset field(s) {sorted(unknown)}; valid: seed, "
+                             "episode_id, options, env_kwargs, expert")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or null, got {seed!r}")
+        self._ensure(env_kwargs)
+        self._expert = bool(expert)
+        with self.engine_lock:
+            obs, info = self._env.reset(seed=seed, options=options)
+            self._state.episode_id = episode_id
+            self._state.step_count = 0
+            return self._observe(obs, None, False, False, info)
+
+    def step(self, action, timeout_s: float | None = None, **kwargs: Any):
+        if self._env is None:
+            raise RuntimeError(
+                "reset before step: OpenEnv's HTTP /step is stateless (a new env per "
+                "call); play episodes over the /ws session endpoint")
+        with self.engine_lock:
+            obs, reward, terminated, truncated, info = self._env.step(action.action)
+            self._state.step_count += 1
+            return self._observe(obs, reward, terminated, truncated, info)
+
+    @property
+    def state(self):
+        return self._state
+
+    def get_metadata(self):
+        from openenv.core.env_server.types import EnvironmentMetadata
+
+        from gaca_envs import __version__
+
+        return EnvironmentMetadata(
+            name=self.settings.env_id, version=__version__,
+            description=f"gaca environment {self.settings.env_id} "
+                        f"(kwargs {json.dumps(self.settings.env_kwargs)}; clients may choose "
+                        f"{list(self.settings.client_kwargs)})")
+
+    def close(self) -> None:
+        if self._env is not None:
+            env, self._env = self._env, None
+            with self.engine_lock:
+                env.close()
+
+
 def make_environment_class(settings: ServeSettings):
     """An OpenEnv ``Environment`` class serving ``settings.env_id`` (one gym env each)."""
     import gymnasium as gym
     from openenv.core.env_server import Environment
-    from openenv.core.env_server.types import EnvironmentMetadata
 
     import gaca_envs
 
     gym.register_envs(gaca_envs)
     GacaAction, GacaObservation, GacaState = _models()
-
-    engine_lock = threading.Lock()
-
-    class GacaEnvironment(Environment):
-        SUPPORTS_CONCURRENT_SESSIONS = True
-        # the engines are not thread-safe (TextWorld's parser and caches, ALFWorld's module
-        # state: 16 concurrent ALFWorld sessions failed 15 of 13,223 steps unserialised), so
-        # every env call of the process takes one lock, and sessions share one thread
-        REQUIRES_SINGLE_THREAD_EXECUTOR = True
-        opened = 0  # envs made since the server started (sessions and stateless calls)
-
-        def __init__(self) -> None:
-            super().__init__()
-            type(self).opened += 1
-            self._env = None
-            self._kwargs: dict[str, Any] | None = None
-            self._expert = False
-            self._state = GacaState(env_id=settings.env_id)
-
-        def _ensure(self, env_kwargs: dict[str, Any] | None) -> None:
-            kwargs = settings.kwargs_for(env_kwargs)
-            if self._env is None or kwargs != self._kwargs:
-                self.close()
-                with engine_lock:
-                    self._env = gym.make(settings.env_id, **kwargs)
-                self._kwargs = kwargs
-                self._state.env_kwargs = kwargs
-                self._state.num_tasks = getattr(self._env.unwrapped, "num_tasks", None)
-
-        def _observe(self, obs, reward, terminated, truncated, info):
-            fields = encode_step(obs, reward, terminated, truncated, info)
-            if self._expert and not fields["done"]:
-                fn = getattr(self._env.unwrapped, "expert_action", None)
-                fields["expert_action"] = fn() if fn else None
-            self._state.state_key = fields["state_key"]
-            self._state.task_id = fields["task_id"]
-            return GacaObservation(**fields)
-
-        def reset(self, seed: int | None = None, episode_id: str | None = None,
-                  options: dict[str, Any] | None = None,
-                  env_kwargs: dict[str, Any] | None = None, expert: bool = False,
-                  **unknown: Any):
-            if unknown:
-                raise ValueError(f"unknown reset field(s) {sorted(unknown)}; valid: seed, "
-                                 "episode_id, options, env_kwargs, expert")
-            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
-                                     or seed < 0):
-                raise ValueError(f"seed must be a non-negative int or null, got {seed!r}")
-            self._ensure(env_kwargs)
-            self._expert = bool(expert)
-            with engine_lock:
-                obs, info = self._env.reset(seed=seed, options=options)
-                self._state.episode_id = episode_id
-                self._state.step_count = 0
-                return self._observe(obs, None, False, False, info)
-
-        def step(self, action, timeout_s: float | None = None, **kwargs: Any):
-            if self._env is None:
-                raise RuntimeError(
-                    "reset before step: OpenEnv's HTTP /step is stateless (a new env per "
-                    "call); play episodes over the /ws session endpoint")
-            with engine_lock:
-                obs, reward, terminated, truncated, info = self._env.step(action.action)
-                self._state.step_count += 1
-                return self._observe(obs, reward, terminated, truncated, info)
-
-        @property
-        def state(self):
-            return self._state
-
-        def get_metadata(self):
-            from gaca_envs import __version__
-            return EnvironmentMetadata(
-                name=settings.env_id, version=__version__,
-                description=f"gaca environment {settings.env_id} "
-                            f"(kwargs {json.dumps(settings.env_kwargs)}; clients may choose "
-                            f"{list(settings.client_kwargs)})")
-
-        def close(self) -> None:
-            if self._env is not None:
-                env, self._env = self._env, None
-                with engine_lock:
-                    env.close()
-
-    return GacaEnvironment, GacaAction, GacaObservation, GacaState
+    env_class = type("GacaEnvironment", (_Session, Environment), {
+        "settings": settings, "engine_lock": threading.Lock(), "opened": 0,
+        "observation_type": GacaObservation, "state_type": GacaState})
+    return env_class, GacaAction, GacaObservation, GacaState
 
 
 class Guard:
@@ -296,45 +304,6 @@ def build_app(settings: ServeSettings, *, max_sessions: int = 64,
     app.add_exception_handler(Exception, server_error)
     app.state.env_server = server
     return Guard(app, token, max_request_bytes)
-
-
-def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
-    """``gaca-env-serve ENV_ID ARGS`` in a child process on a free loopback port, returned
-    once ``/health`` answers: ``(process, url)``. Its stderr goes to a temporary file
-    (never a pipe that a long run could fill); ``--token T`` in ``args`` is sent with the
-    health checks. Raises RuntimeError (with the server's last words) when it exits or
-    does not answer in ``timeout_s``."""
-    import subprocess
-    import tempfile
-    import time
-    import urllib.request
-
-    from gaca_envs.net import free_port
-
-    port = free_port()
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.server", env_id, *args,
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    token = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--token"), None)
-    deadline = time.time() + timeout_s
-    try:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"gaca-env-serve exited: {log.read()[-2000:]}")
-            request = urllib.request.Request(url + "/health")
-            if token:
-                request.add_header("Authorization", f"Bearer {token}")
-            try:
-                with urllib.request.urlopen(request, timeout=2):
-                    return proc, url
-            except OSError:
-                time.sleep(0.2)
-        proc.kill()
-        raise RuntimeError(f"gaca-env-serve {env_id} did not start in {timeout_s} s")
-    finally:
-        log.close()  # the child keeps its own descriptor
 
 
 def _parse_args(argv: list[str] | None):

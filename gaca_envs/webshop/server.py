@@ -26,17 +26,35 @@ _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 def create_app(world: World, split: str = "test", show_attrs: bool = False):
     """The Flask app over ``world``'s goals of ``split``."""
-    from flask import Flask, Response, abort, jsonify, redirect, request
+    from flask import Flask
 
     app = Flask("gaca_webshop")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
-    goal_ids = world.split(split)
     sessions: dict[str, dict[str, Any]] = {}
-    lock = threading.Lock()
     app.extensions["gaca_sessions"] = sessions
+    for code, message in ((400, "bad request"), (404, "not found"),
+                          (405, "method not allowed"), (413, "request too large"),
+                          (Exception, "internal error")):
+        status = 500 if code is Exception else code
+        app.register_error_handler(code, lambda _err, m=message, c=status: _text(m, c))
+    _add_routes(app, world, split, show_attrs, sessions)
+    return app
 
-    def text(body: str, status: int) -> Response:
-        return Response(body + "\n", status=status, mimetype="text/plain")
+
+def _text(body: str, status: int):
+    from flask import Response
+
+    return Response(body + "\n", status=status, mimetype="text/plain")
+
+
+def _add_routes(app, world: World, split: str, show_attrs: bool,
+                sessions: dict[str, dict[str, Any]]) -> None:
+    """The site's pages: home, start a session, a session's page, act, its state."""
+    from flask import Response, abort, jsonify, redirect, request
+
+    goal_ids = world.split(split)
+    lock = threading.Lock()
+    text = _text
 
     def get_session(sid: str) -> dict[str, Any]:
         """The session's entry, or a 404 answer."""
@@ -44,12 +62,6 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
         if entry is None:
             abort(404)
         return entry
-
-    for code, message in ((400, "bad request"), (404, "not found"),
-                          (405, "method not allowed"), (413, "request too large"),
-                          (Exception, "internal error")):
-        status = 500 if code is Exception else code
-        app.register_error_handler(code, lambda _err, m=message, c=status: text(m, c))
 
     @app.get("/")
     def home():
@@ -94,8 +106,6 @@ def create_app(world: World, split: str = "test", show_attrs: bool = False):
         s: Session = entry["session"]
         return jsonify(page=s.page.kind, state_key=s.page.key(), score=s.score,
                        version=entry["version"], admissible=list(s.admissible()))
-
-    return app
 
 
 class BackgroundServer:
