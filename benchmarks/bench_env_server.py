@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import gaca_envs  # noqa: E402
-from gaca_envs.data import shared_data  # noqa: E402
+from gaca_envs.data import data_path  # noqa: E402
 from gaca_envs.remote.launch import start_process  # noqa: E402
 
 gym.register_envs(gaca_envs)
@@ -128,7 +128,7 @@ def main() -> None:
     args = p.parse_args()
     report = {}
     cases = [] if args.skip_diag else [("gaca/Diag-Signs-v0", {"split": "test"}, 64)]
-    data = shared_data("alfworld")
+    data = data_path("alfworld")
     if not args.skip_alfworld and data is not None:
         cases.append(("gaca/ALFWorld-v0", {"split": "valid_seen", "data_dir": str(data)}, 16))
     for env_id, kwargs, clients in cases:

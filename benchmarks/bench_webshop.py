@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 import gaca_envs
-from gaca_envs.data import shared_data
+from gaca_envs.data import data_path
 
 gym.register_envs(gaca_envs)
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                 break
     every = steps + searches_in_env + buys
     search = env.unwrapped.world.search
-    path = shared_data("webshop", "goal_query_map.json")
+    path = data_path("webshop", "goal_query_map.json")
     queries = ([q for qs in json.loads(path.read_text()).values() for q in qs][:1000]
                if path else [g["instruction_text"] for g in env.unwrapped.world.goals[:1000]])
     search_times = []

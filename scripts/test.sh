@@ -2,7 +2,7 @@
 # Install what the tests need (into .venv) and run pytest. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev}"
+bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev,docs}"
 # vLLM's and SGLang's own code as the server client's test oracle (a side environment).
 if [ "${GACA_TEST_UPSTREAM:-1}" = 1 ]; then
     bash scripts/setup_upstream.sh
@@ -17,4 +17,6 @@ if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
 fi
 . .venv/bin/activate
 export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1
+# CI keeps the real data sets (ALFWorld games, WebShop files) beside the clone
+if [ -z "${GACA_DATA:-}" ] && [ -d ../shared/data ]; then export GACA_DATA="$(cd ../shared/data && pwd)"; fi
 python -m pytest "$@"

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the tests read the real data sets from the shared folder beside the repository
+_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if _SHARED_DATA.is_dir():
+    os.environ.setdefault("GACA_DATA", str(_SHARED_DATA))
 
 import pytest  # noqa: E402
 
-from gaca_envs.data import shared_data  # noqa: E402
+from gaca_envs.data import data_path  # noqa: E402
 from gaca_envs.net import free_port  # noqa: E402,F401 - for the tests
 
 try:  # keep torch single-threaded: a busy neighbour makes two threads 3-10x slower
@@ -28,10 +33,10 @@ def has_module(name: str) -> bool:
 def alfworld_data_or_skip():
     if not (has_module("alfworld") and has_module("textworld")):
         pytest.skip("alfworld/textworld not installed (pip install -e '.[alfworld]')")
-    path = shared_data("alfworld")
+    path = data_path("alfworld")
     if path is None:
-        pytest.skip("ALFWorld data not found: set GACA_SHARED or put ../shared/data/alfworld "
-                    "beside the repository")
+        pytest.skip("ALFWorld data not found: set GACA_DATA to a folder holding alfworld/ "
+                    "(the tests default it to ../shared/data beside the repository)")
     return path
 
 

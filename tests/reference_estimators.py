@@ -1,4 +1,4 @@
-"""Reference estimators written as plain loops straight from ALGORITHMS.md.
+"""Reference estimators written as plain loops straight from docs/algorithms.md.
 
 Slow and obvious on purpose: the vectorised estimators must equal these. Rows are dicts
 with the StepBatch fields; every function returns one advantage per row, in row order.

@@ -134,12 +134,12 @@ def test_task_order_types_and_info(alfworld_dir):
 
 def test_missing_data_names_lookup_order(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    monkeypatch.setattr(games_mod, "shared_data", lambda *parts: None)
+    monkeypatch.setattr(games_mod, "data_path", lambda *parts: None)
     monkeypatch.setattr(games_mod, "alfworld_cache_dir", lambda: tmp_path / "cache")
     with pytest.raises(ALFWorldDataError) as err:
         find_data_dir(tmp_path / "nowhere")
     text = str(err.value)
-    for needle in ("data_dir argument", "$ALFWORLD_DATA", "../shared/data/alfworld",
+    for needle in ("data_dir argument", "$ALFWORLD_DATA", "$GACA_DATA/alfworld",
                    "alfworld-download", str(tmp_path / "nowhere")):
         assert needle in text
 

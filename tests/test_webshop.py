@@ -207,14 +207,14 @@ def test_injection_and_huge_queries_are_escaped(env):
 
 
 def test_splits_of_human_goal_file_and_generated_goals(env):
-    from gaca_envs.data import shared_data
+    from gaca_envs.data import data_path
     from gaca_envs.webshop.goals import split_range
 
     assert env.unwrapped.num_tasks == 500
     n_goals = len(env.unwrapped.world.goals)
     assert len(split_range("dev", n_goals)) == 1000
     assert len(split_range("train", n_goals)) == n_goals - 1500
-    path = shared_data("webshop", "human_goals.json")
+    path = data_path("webshop", "human_goals.json")
     if path is None:
         pytest.skip("../shared/data/webshop/human_goals.json not present")
     human = json.loads(path.read_text())
@@ -224,9 +224,9 @@ def test_splits_of_human_goal_file_and_generated_goals(env):
 
 def test_search_finds_products_for_real_human_queries(env):
     """Human instructions and the queries people typed (real WebShop files) get results."""
-    from gaca_envs.data import shared_data
+    from gaca_envs.data import data_path
 
-    path = shared_data("webshop", "goal_query_map.json")
+    path = data_path("webshop", "goal_query_map.json")
     if path is None:
         pytest.skip("../shared/data/webshop/goal_query_map.json not present")
     queries = [q for qs in list(json.loads(path.read_text()).values())[:200] for q in qs]
@@ -238,13 +238,13 @@ def test_search_finds_products_for_real_human_queries(env):
 
 def test_loads_webshop_raw_format_with_real_attribute_file(tmp_path):
     """A catalogue in WebShop's raw format, with the real items_ins_v2_1000.json."""
-    from gaca_envs.data import shared_data
+    from gaca_envs.data import data_path
     from gaca_envs.webshop.catalog import load_catalog, parse_pricing
 
     assert parse_pricing("$10.5$20") == ([10.5, 20.0], "$10.5 to $20.0")
     assert parse_pricing("$1,299.00") == ([1299.0], "$1299.0")
     assert parse_pricing(None) == ([100.0], "$100.0")
-    attr_path = shared_data("webshop", "items_ins_v2_1000.json")
+    attr_path = data_path("webshop", "items_ins_v2_1000.json")
     if attr_path is None:
         pytest.skip("../shared/data/webshop/items_ins_v2_1000.json not present")
     attributes = json.loads(attr_path.read_text())

@@ -3,7 +3,7 @@
 >>> from gaca_agent.advantages import StepBatch, compute, names
 >>> adv, diag = compute("gaca", batch, gamma=0.95, kappa=0.25)
 
-Definitions: ALGORITHMS.md. Every estimator maps a :class:`StepBatch` (rows in any order)
+Definitions: docs/algorithms.md. Every estimator maps a :class:`StepBatch` (rows in any order)
 to one advantage per row plus the diagnostics of :func:`common.diagnostics`.
 """
 

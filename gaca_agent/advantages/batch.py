@@ -1,4 +1,4 @@
-"""The estimators' input: a batch of step rows (ALGORITHMS.md "Notation").
+"""The estimators' input: a batch of step rows (docs/algorithms.md "Notation").
 
 :class:`StepBatch` holds equal-length 1-D arrays, one entry per step row, in any order.
 :func:`prepare` validates it once and derives what every estimator needs (dense ids for
@@ -24,7 +24,7 @@ def _array(x: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class StepBatch:
-    """One row per environment step. See ALGORITHMS.md for each field's meaning.
+    """One row per environment step. See docs/algorithms.md for each field's meaning.
 
     ``state``/``next_state``/``action`` are codes of the canonical keys (ints or strings);
     ``nll`` and ``entropy`` are per-token means of the step's response. ``observation``

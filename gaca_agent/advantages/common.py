@@ -1,5 +1,5 @@
 """Building blocks shared by estimators: episode advantage, anchor groups, step advantage,
-and the diagnostics every call returns (ALGORITHMS.md, GRPO and GiGPO sections)."""
+and the diagnostics every call returns (docs/algorithms.md, GRPO and GiGPO sections)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def step_advantage(p: Prepared, anchor: np.ndarray, gamma: float, norm: Norm
 def diagnostics(p: Prepared, anchor: np.ndarray | None = None,
                 weight: np.ndarray | None = None,
                 step_adv: np.ndarray | None = None) -> dict[str, float]:
-    """The diagnostics of ALGORITHMS.md, logged under ``adv/``.
+    """The diagnostics of docs/algorithms.md, logged under ``adv/``.
 
     ``singleton_frac``: rows in anchor groups of one; ``anchor_group_size``: mean size of
     the anchor groups; ``weight_mean``/``weight_std``: the step-level weight w_t;

@@ -1,6 +1,6 @@
 """Episode-level estimators: GRPO, RLOO and REINFORCE++ (baseline variant).
 
-Every step of trajectory i gets the same advantage A_i (ALGORITHMS.md).
+Every step of trajectory i gets the same advantage A_i (docs/algorithms.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 z_t standardises the step's NLL within a scope, over the steps whose anchor group has at
 least two members; the step weight w_t grows with z_t (``linear``, ``sigmoid``), or a
-convex mixing coefficient lambda_t does (``convex``). ALGORITHMS.md, GACA section.
+convex mixing coefficient lambda_t does (``convex``). docs/algorithms.md, GACA section.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class GRAFTConfig:
 
     gamma: float = 0.99
     lam: float = 0.95
-    """Graph-GAE lambda (ALGORITHMS.md's ``lambda``); 0 gives the one-step TD error."""
+    """Graph-GAE lambda (docs/algorithms.md's ``lambda``); 0 gives the one-step TD error."""
     max_iters: int = 20_000
     tol: float = 1e-9
     """Stop when the error bound max|V_k+1 - V_k| * gamma / (1 - gamma) is below this."""

@@ -27,7 +27,7 @@ class Registered:
 
 
 _REGISTRY: dict[str, Registered] = {}
-#: Parameter spellings of ALGORITHMS.md that are not Python identifiers.
+#: Parameter spellings of docs/algorithms.md that are not Python identifiers.
 _ALIASES = {"lambda": "lam"}
 
 

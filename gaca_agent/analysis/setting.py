@@ -10,7 +10,7 @@ from gaca_agent.config import TrainConfig, to_dict
 
 def setting_rows(config: TrainConfig) -> list[tuple[str, str, str]]:
     """(setting, this config's value, verl-agent's GiGPO value) for every row of the
-    paper-setting table (README, "Reproducing the papers")."""
+    paper-setting table (docs/training.md, "Reproducing the papers")."""
     c, env, learner, algo = config, config.env, config.learner, config.algo
     params = algo.params
     webshop = "WebShop" in env.id

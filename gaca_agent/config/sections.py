@@ -114,7 +114,8 @@ class ServerSection:
     same weights as ``model.path``, which the learner trains."""
     kind: Literal["vllm", "sglang"] = "vllm"
     """The server's API: vLLM (0.33.0) or SGLang (0.5.23), the versions this client was
-    checked against (README, "Rolling out with vLLM or SGLang"); gaca-serve speaks both."""
+    checked against (docs/training.md, "Rolling out with vLLM or SGLang"); gaca-serve speaks
+    both."""
     concurrency: int = 64
     """Requests in flight at once."""
     timeout_s: float = 300.0

@@ -210,7 +210,7 @@ class ALFWorldEnv(TextWorldEnv):
 
     ## Arguments
     ``split`` (``train``, ``valid_seen``, ``valid_unseen``), ``task_types`` (subset of the
-    six), ``data_dir`` (else ``$ALFWORLD_DATA``, ``../shared/data/alfworld``,
+    six), ``data_dir`` (else ``$ALFWORLD_DATA``, ``$GACA_DATA/alfworld``,
     ``~/.cache/alfworld``), ``anchor``, ``render_mode``, ``fast_textgen`` (the fast text
     generation of ``gaca_envs.alfworld.fastgen``, byte-identical to TextWorld's; default on,
     ``False`` or ``GACA_ALFWORLD_FAST=0`` for TextWorld's own).

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Literal
 
-from gaca_envs.data import shared_data
+from gaca_envs.data import data_path
 
 Split = Literal["train", "valid_seen", "valid_unseen"]
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
@@ -46,7 +46,7 @@ def _lookup_order(data_dir: str | os.PathLike | None) -> list[tuple[str, Path | 
     return [
         ("data_dir argument", Path(data_dir) if data_dir else None),
         ("$ALFWORLD_DATA", Path(os.path.expandvars(env)) if env else None),
-        ("../shared/data/alfworld beside the repository", shared_data("alfworld")),
+        ("$GACA_DATA/alfworld", data_path("alfworld")),
         ("the alfworld package cache", alfworld_cache_dir()),
     ]
 

@@ -28,10 +28,6 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
 
 
-class BrowserCrashed(RuntimeError):
-    pass
-
-
 class Browser:
     """One headless Chromium with a fresh profile; ``quit`` removes both."""
 

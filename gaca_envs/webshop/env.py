@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gaca_envs.core import Anchor, SimStep, TextEnv
-from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, Session
+from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, Session, observe
 from gaca_envs.webshop.world import GoalSource, World, WorldConfig, load_world
 
 OBSERVATION_MODES = ("text", "text_rich", "html")
@@ -124,7 +124,11 @@ class WebShopEnv(TextEnv):
     def _observe(self) -> str:
         """The current page in the observation mode (the browser env reads its page)."""
         assert self.session is not None
-        return self.session.observation(self.observation_mode)
+        if self.observation_mode == "html":
+            from gaca_envs.webshop.html import render_html
+
+            return render_html(self.session)
+        return observe(self.session, self.observation_mode)
 
     def _sim(self, reward: float) -> SimStep:
         s = self.session

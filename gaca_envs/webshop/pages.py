@@ -145,9 +145,6 @@ class Session:
             label = self._click_lookup().get(normalize_action(to_charset(arg)))
         return None if label is None else f"click[{label}]"
 
-    def is_valid(self, action: str) -> bool:
-        return self.resolve(action) is not None
-
     # ------------------------------------------------------------- transitions
     def act(self, action: str) -> float:
         """Apply a valid action (see :meth:`resolve`); returns the reward (score on buy)."""
@@ -238,18 +235,6 @@ class Session:
             out += [("text", a) for a in product["Attributes"]]
         return out
 
-    def observation(self, mode: str) -> str:
-        if mode == "text":
-            return text_observation(self.elements())
-        if mode == "text_rich":
-            return rich_observation(self.elements(), dict(self.page.options).values(),
-                                    self.clicked)
-        if mode == "html":
-            from gaca_envs.webshop.html import render_html
-
-            return render_html(self)
-        raise ValueError(f"observation_mode must be text, text_rich or html, got {mode!r}")
-
 
 def text_observation(elements: list[Element]) -> str:
     """WebShop's ``text`` mode: visible texts joined by `` [SEP] ``."""
@@ -275,3 +260,14 @@ def rich_observation(elements: list[Element], chosen, clicked) -> str:
         else:
             lines.append(t)
     return head + "".join(line + "\n" for line in lines)
+
+
+def observe(session: Session, mode: str) -> str:
+    """The session's page as the agent sees it in WebShop's ``text`` or ``text_rich`` form
+    (the ``html`` form is drawn by :mod:`gaca_envs.webshop.html`)."""
+    if mode == "text":
+        return text_observation(session.elements())
+    if mode == "text_rich":
+        return rich_observation(session.elements(), dict(session.page.options).values(),
+                                session.clicked)
+    raise ValueError(f"observation_mode must be text, text_rich or html, got {mode!r}")

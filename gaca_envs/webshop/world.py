@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from gaca_envs.data import shared_data
+from gaca_envs.data import data_path
 from gaca_envs.webshop.catalog import Catalog, build_catalog, load_catalog
 from gaca_envs.webshop.goals import human_goals, split_range, synthetic_goals
 from gaca_envs.webshop.pages import Session
@@ -29,7 +29,7 @@ class WorldConfig:
     """A WebShop product file (``items_shuffle_1000.json``...); None: the generated one."""
     attributes: str | None = None
     """Its attribute file (``items_ins_v2_1000.json``...); None: look beside the catalogue
-    and in ../shared/data/webshop."""
+    and in $GACA_DATA/webshop."""
     human_file: str | None = None
     """``items_human_ins.json`` for human goals."""
     goals: GoalSource = "synthetic"
@@ -59,7 +59,7 @@ def _attribute_file(config: WorldConfig) -> str | None:
         return config.attributes
     if config.catalog:
         for name in ("items_ins_v2_1000.json", "items_ins_v2.json"):
-            for folder in (Path(config.catalog).parent, shared_data("webshop")):
+            for folder in (Path(config.catalog).parent, data_path("webshop")):
                 if folder is not None and (folder / name).is_file():
                     return str(folder / name)
     return None
