@@ -20,7 +20,8 @@ from gaca_agent.config import EnvSection
 
 
 def run(workers: int, tasks, live: int) -> tuple[float, int]:
-    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs={"split": "valid_seen"}, workers=workers, max_live_envs=live, invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs={"split": "valid_seen"},
+                                     workers=workers, max_live_envs=live, invalid_penalty=0.0))
     try:
         collector.pool  # start the workers before the clock
         collector.run(make_policy("random", seed=0), tasks[:workers], 1)  # import warm-up

@@ -26,7 +26,8 @@ def run(model, tokenizer, engine: str, tasks, args) -> dict:
     policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=args.max_new_tokens,
                       device="cpu", engine=engine)
     kwargs = {"split": "valid_seen", "max_episode_steps": args.turns}
-    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs=kwargs, max_live_envs=len(tasks), invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/ALFWorld-v0", kwargs=kwargs,
+                                     max_live_envs=len(tasks), invalid_penalty=0.0))
     try:
         collector.run(policy, tasks[:2], 1)  # warm-up: workers, engine, caches
         start = time.perf_counter()

@@ -36,7 +36,8 @@ def test_parse_and_prompt():
 
 
 def test_groups_share_start_and_rows_cover_every_step():
-    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"}, workers=2, max_live_envs=6, invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"},
+                                     workers=2, max_live_envs=6, invalid_penalty=0.0))
     try:
         rollout = collector.run(make_policy("random", seed=1), [(0, 5), (3, 9)], group_size=4)
     finally:
@@ -62,7 +63,9 @@ def test_recycling_waits_for_live_episodes():
     """A worker due for recycling is replaced only once none of its envs is mid-episode:
     no episode is lost (one worker holding all four live envs, recycled every 3 resets;
     random play on the slippery world, so episodes end at different steps)."""
-    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"}, workers=1, max_live_envs=4, recycle_after=3, invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"},
+                                     workers=1, max_live_envs=4, recycle_after=3,
+                                     invalid_penalty=0.0))
     try:
         rollout = collector.run(make_policy("random", seed=3), [(k % 16, k) for k in range(12)], 1)
         recycles = collector.pool.recycles
@@ -90,7 +93,9 @@ class KillOnce:
 
 
 def test_killed_worker_is_restarted_and_its_episodes_marked_failed():
-    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, workers=2, max_live_envs=4, timeout_s=30, invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"},
+                                     workers=2, max_live_envs=4, timeout_s=30,
+                                     invalid_penalty=0.0))
     try:
         episodes = collector.run(KillOnce(collector), [(k, k) for k in range(6)], 1).episodes
         restarts = collector.pool.restarts

@@ -209,8 +209,11 @@ def test_collector_on_two_servers_plays_what_local_workers_play():
     servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
     try:
         tasks = [(k, 100 + k) for k in range(6)]
-        local = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, workers=2, max_live_envs=6, invalid_penalty=0.0), tasks)
-        remote = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, max_live_envs=6, servers=[u for _, u in servers], invalid_penalty=0.0), tasks)
+        local = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, workers=2,
+                                    max_live_envs=6, invalid_penalty=0.0), tasks)
+        remote = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"},
+                                     max_live_envs=6, servers=[u for _, u in servers],
+                                     invalid_penalty=0.0), tasks)
         assert _summary(local) == _summary(remote)
         assert not any(e.failed for e in remote.episodes)
         for col in ("state_key", "reward", "action"):
@@ -237,7 +240,9 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
 
     try:
         tasks = [(k % 16, 200 + k) for k in range(12)]
-        rollout = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"}, max_live_envs=4, timeout_s=60, servers=[u for _, u in servers], invalid_penalty=0.0),
+        rollout = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"},
+                                      max_live_envs=4, timeout_s=60,
+                                      servers=[u for _, u in servers], invalid_penalty=0.0),
                            tasks, on_step=kill_after_three)
         episodes = rollout.episodes
         assert len(episodes) == 24  # nothing dropped

@@ -89,7 +89,10 @@ def verl_reference(rows, gamma: float, omega: float, std: bool, step_level: bool
 
 @pytest.fixture(scope="module")
 def paper_rollout():
-    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=16, invalid_penalty=-0.1, invalid_definition="format", penalty_mode="row", reward="success", reward_scale=10.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"},
+                                     max_live_envs=16, invalid_penalty=-0.1,
+                                     invalid_definition="format", penalty_mode="row",
+                                     reward="success", reward_scale=10.0))
     try:
         return collector.run(MixedPolicy(), [(k, 100 + k) for k in range(4)], group_size=4)
     finally:

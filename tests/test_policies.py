@@ -93,7 +93,8 @@ def test_collected_rows_carry_the_engine_nll(tiny_model_path):
     from gaca_agent.config import EnvSection
 
     policy = make_policy(f"hf:{tiny_model_path}", max_new_tokens=8, seed=1)
-    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=4, nll_span="response", invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"},
+                                     max_live_envs=4, nll_span="response", invalid_penalty=0.0))
     try:
         rollout = collector.run(policy, [(0, 0)], group_size=2)
     finally:

@@ -222,7 +222,8 @@ def test_streaming_policies_are_not_played_in_rounds():
     from gaca_agent.generate.sampling import row_key
 
     slow_key = row_key(11, 0, 0)  # episode 0 (seed 11, member 0), step 0
-    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"}, max_live_envs=3, invalid_penalty=0.0))
+    collector = Collector(EnvSection(id="gaca/Diag-Corridor-v0", kwargs={"split": "test"},
+                                     max_live_envs=3, invalid_penalty=0.0))
     try:
         rollout = collector.run(Uneven(), [(0, 11), (1, 12), (2, 13)], group_size=1)
     finally:

@@ -31,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from gaca_agent.runs.plots import figure
+
 
 def episode_files(path: Path) -> list[Path]:
     """The episode files under ``path`` (a file, an eval or suite folder, or a run)."""
@@ -176,11 +178,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels, alias, split = [], defaultdict(list), defaultdict(list)
     for env, types in result.items():
         for task_type, defs in sorted(types.items()):
@@ -188,19 +185,17 @@ def plot(result: dict[str, Any], path: Path) -> Path:
             for d, m in defs.items():
                 alias[d].append(m["alias_row_share"])
                 split[d].append(m["split_row_share"])
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(labels)), 4.5), sharey=True)
-    width = 0.8 / max(len(alias), 1)
-    for ax, data, title in ((axes[0], alias, "rows in aliased anchor groups"),
-                            (axes[1], split, "rows of split canonical states")):
-        for k, (d, values) in enumerate(data.items()):
-            ax.bar([i + k * width for i in range(len(labels))], values, width, label=d)
-        ax.set_xticks([i + width for i in range(len(labels))], labels, rotation=60,
-                      ha="right", fontsize=7)
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("share of step rows")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    size = (max(8, 1.2 * len(labels)), 4.5)
+    with figure(path, 1, 2, figsize=size, sharey=True) as (fig, axes):
+        width = 0.8 / max(len(alias), 1)
+        for ax, data, title in ((axes[0], alias, "rows in aliased anchor groups"),
+                                (axes[1], split, "rows of split canonical states")):
+            for k, (d, values) in enumerate(data.items()):
+                ax.bar([i + k * width for i in range(len(labels))], values, width, label=d)
+            ax.set_xticks([i + width for i in range(len(labels))], labels, rotation=60,
+                          ha="right", fontsize=7)
+            ax.set_title(title)
+            ax.grid(axis="y", alpha=0.3)
+        axes[0].set_ylabel("share of step rows")
+        axes[0].legend(fontsize=8)
     return path

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from gaca_agent.runs.plots import figure
+
 from gaca_agent.analysis.audit import read_records
 from gaca_agent.steps import code
 
@@ -228,23 +230,15 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     adv = result["_advantages"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    values = [adv[n] for n in adv]
-    ax.violinplot(values, showmedians=True)
-    ax.set_xticks(range(1, len(adv) + 1), list(adv))
-    ax.set_ylabel("advantage per step row")
-    ax.set_title(f"{result['rows']} step rows, {result['groups']} task groups: the same "
-                 "rollouts under each estimator", fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4)) as (fig, ax):
+        values = [adv[n] for n in adv]
+        ax.violinplot(values, showmedians=True)
+        ax.set_xticks(range(1, len(adv) + 1), list(adv))
+        ax.set_ylabel("advantage per step row")
+        ax.set_title(f"{result['rows']} step rows, {result['groups']} task groups: the same "
+                     "rollouts under each estimator", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
     return path
 
 

@@ -274,53 +274,47 @@ def markdown(summary: dict[str, Any]) -> str:
 def plot(summary: dict[str, Any], out: Path) -> list[Path]:
     """Per environment: estimators' held-out success (mean, 95% interval clipped to
     [0, 1]), GACA's ablations, and the diagnostics over training."""
-    import matplotlib
+    from gaca_agent.runs.plots import figure, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = plt.get_cmap("tab20")
+    colours = pyplot().get_cmap("tab20")
     paths = []
     for env_label, table in summary.items():
         labels = sorted(table)
         colour = {label: colours(i % 20) for i, label in enumerate(labels)}
         ablations = [lb for lb in labels if lb.startswith("gaca-")]
         panels = 4 if ablations else 3
-        fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
-        curve_axes = [axes[0]] + ([axes[1]] if ablations else [])
-        for label in labels:
-            s = table[label]
-            its = sorted(int(k) for k in s["curve"])
-            mean = [s["curve"][str(i)]["mean"] for i in its]
-            ci = [s["curve"][str(i)]["ci95"] for i in its]
-            groups = [curve_axes[-1]] if label.startswith("gaca-") else [curve_axes[0]]
-            if label == "gaca" and ablations:
-                groups.append(curve_axes[-1])
-            for ax in groups:
-                ax.plot(its, mean, marker="o", ms=3, label=label, color=colour[label])
-                ax.fill_between(its, [max(0.0, m - c) for m, c in zip(mean, ci)],
-                                [min(1.0, m + c) for m, c in zip(mean, ci)], alpha=0.12,
-                                color=colour[label])
-            for ax, key in ((axes[-2], "adv/weight_std"), (axes[-1], "adv/singleton_frac")):
-                d = s["diagnostics"].get(key, {})
-                if d:
-                    ax.plot([int(k) for k in d], list(d.values()), label=label,
-                            color=colour[label], ls=":" if label.startswith("gaca-") else "-")
-        axes[0].set_title(f"{env_label}: held-out success (mean, 95% CI)")
-        if ablations:
-            axes[1].set_title("GACA ablations (forms, kappa, nll_span)")
-        axes[-2].set_title("step-weight spread (adv/weight_std)")
-        axes[-1].set_title("singleton anchor fraction")
-        for ax in curve_axes:
-            ax.set_ylim(-0.02, 1.02)
-            ax.legend(fontsize=7)
-        for ax in axes:
-            ax.set_xlabel("iteration (-1: after the warm-up)")
-            ax.grid(alpha=0.3)
-        axes[-2].legend(fontsize=6, ncol=2)
-        fig.tight_layout()
         path = out / f"study_{env_label}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        with figure(path, 1, panels, figsize=(5 * panels, 4)) as (fig, axes):
+            curve_axes = [axes[0]] + ([axes[1]] if ablations else [])
+            for label in labels:
+                s = table[label]
+                its = sorted(int(k) for k in s["curve"])
+                mean = [s["curve"][str(i)]["mean"] for i in its]
+                ci = [s["curve"][str(i)]["ci95"] for i in its]
+                groups = [curve_axes[-1]] if label.startswith("gaca-") else [curve_axes[0]]
+                if label == "gaca" and ablations:
+                    groups.append(curve_axes[-1])
+                for ax in groups:
+                    ax.plot(its, mean, marker="o", ms=3, label=label, color=colour[label])
+                    ax.fill_between(its, [max(0.0, m - c) for m, c in zip(mean, ci)],
+                                    [min(1.0, m + c) for m, c in zip(mean, ci)], alpha=0.12,
+                                    color=colour[label])
+                for ax, key in ((axes[-2], "adv/weight_std"), (axes[-1], "adv/singleton_frac")):
+                    d = s["diagnostics"].get(key, {})
+                    if d:
+                        ax.plot([int(k) for k in d], list(d.values()), label=label,
+                                color=colour[label], ls=":" if label.startswith("gaca-") else "-")
+            axes[0].set_title(f"{env_label}: held-out success (mean, 95% CI)")
+            if ablations:
+                axes[1].set_title("GACA ablations (forms, kappa, nll_span)")
+            axes[-2].set_title("step-weight spread (adv/weight_std)")
+            axes[-1].set_title("singleton anchor fraction")
+            for ax in curve_axes:
+                ax.set_ylim(-0.02, 1.02)
+                ax.legend(fontsize=7)
+            for ax in axes:
+                ax.set_xlabel("iteration (-1: after the warm-up)")
+                ax.grid(alpha=0.3)
+            axes[-2].legend(fontsize=6, ncol=2)
         paths.append(path)
     return paths

@@ -127,7 +127,8 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
     policy = policy or make_policy(policy_spec, **(policy_kwargs or {}))
     # gaca-eval reports the environment's own rewards: no invalid-action penalty
     collector = Collector(EnvSection(id=env_id, kwargs=dict(env_kwargs), workers=workers,
-                                     max_live_envs=max(1, min(max_live_envs, len(todo) * group_size)),
+                                     max_live_envs=max(1, min(max_live_envs,
+                                                              len(todo) * group_size)),
                                      history_length=history_length, invalid_penalty=0.0,
                                      servers=tuple(env_servers or ())))
     bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}", unit="ep",

@@ -4,8 +4,10 @@
 :class:`~gaca_agent.steps.StepTable`: prompt and sampled completion ids, behaviour
 log-probs) with one advantage per row, computed beforehand by the estimator registry on
 the whole gathered batch. It only orchestrates: the loss maths is in
-:mod:`gaca_agent.learner.losses`, memory-bounded log-probs in :mod:`gaca_agent.learner.logprobs`. Metrics
-are reduced as sums and counts across processes, then divided.
+:mod:`gaca_agent.learner.losses`, memory-bounded log-probs in
+:mod:`gaca_agent.learner.logprobs`, padding from the table in
+:mod:`gaca_agent.learner.batch`. Metrics are reduced as sums and counts across
+processes, then divided.
 
 At scale (1.5B-7B) it is correct by construction:
 
@@ -312,9 +314,9 @@ class Learner:
         want_entropy = cfg.entropy_coef > 0 or cfg.log_entropy
         logp, ent = self._logprobs(self.model, batch, want_entropy)
         mask = batch["mask"]
-        loss, clip_frac = policy_loss("ppo_clip")(logp, batch["old"], batch["adv"], mask, cfg.clip_low,
-                                        cfg.clip_high, cfg.loss_agg, denom, cfg.clip_ratio_c,
-                                        batch["isw"] if cfg.tis_cap is not None else None)
+        loss, clip_frac = policy_loss("ppo_clip")(
+            logp, batch["old"], batch["adv"], mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg,
+            denom, cfg.clip_ratio_c, batch["isw"] if cfg.tis_cap is not None else None)
         n_tok = float(mask.sum())
         policy_part = float(loss.detach()) / self.accelerator.num_processes
         if cfg.kl_coef > 0:

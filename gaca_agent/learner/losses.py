@@ -36,7 +36,8 @@ def policy_loss(name: str):
     try:
         return POLICY_LOSSES[name]
     except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; registered: {sorted(POLICY_LOSSES)}") from None
+        raise ValueError(f"unknown policy loss {name!r}; registered: "
+                         f"{sorted(POLICY_LOSSES)}") from None
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Agg,

@@ -49,7 +49,8 @@ class OpenAIPolicy:
             return list(pool.map(self._one, turns))
 
     def _one(self, turn: Turn) -> ActionOutput:
-        body = {"model": self.model, "messages": self.prompts.messages(turn, self.system_prompt), "temperature": self.temperature,
+        body = {"model": self.model, "messages": self.prompts.messages(turn, self.system_prompt),
+                "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
         if self.token_ids:
             body["return_token_ids"] = True
