@@ -27,7 +27,8 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from gaca_agent.learner.core import Learner, LearnerConfig, Sample
+    from gaca_agent.learner.core import Learner, LearnerConfig
+    from gaca_agent.steps import StepTable
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=64)
@@ -48,10 +49,13 @@ def main(argv=None) -> int:
     tok.save_pretrained(path)
     del model
     g = torch.Generator().manual_seed(0)
-    batch = [Sample(torch.randint(10, 150000, (args.prompt,), generator=g).tolist(),
-                    torch.randint(10, 150000, (args.completion,), generator=g).tolist(),
-                    [-1.0] * args.completion, float(torch.randn(1, generator=g)))
-             for _ in range(args.samples)]
+    table = StepTable.from_tokens(
+        [torch.randint(10, 150000, (args.prompt,), generator=g).tolist()
+         for _ in range(args.samples)],
+        [torch.randint(10, 150000, (args.completion,), generator=g).tolist()
+         for _ in range(args.samples)],
+        [[-1.0] * args.completion] * args.samples)
+    adv = torch.randn(args.samples, generator=g).numpy()
     rows = []
     for name, extra in (("full", {}), ("lora_r16", {"lora_r": 16})):
         torch.cuda.empty_cache()
@@ -59,12 +63,12 @@ def main(argv=None) -> int:
         cfg = LearnerConfig(lr=1e-6, kl_coef=0.01, micro_batch_size=8, bf16=True,
                             gradient_checkpointing=True, **extra)
         learner = Learner(path, AutoTokenizer.from_pretrained(path), cfg)
-        learner.update(batch)
+        learner.update(table, adv)
         torch.cuda.synchronize()
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            m = learner.update(batch)
+            m = learner.update(table, adv)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         t = statistics.median(times)

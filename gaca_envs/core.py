@@ -159,6 +159,12 @@ def _write_text_memory(space: TextSpace, index: int, value: str, shared_memory) 
     row[:len(codes)] = codes[:size]
 
 
+def observation_key(observation: str) -> str:
+    """The state key of an observation text: GiGPO's anchor (an env's ``anchor=
+    "observation"``, and envs that expose no true state)."""
+    return stable_hash(["observation", observation])
+
+
 @dataclass(frozen=True)
 class SimStep:
     """What a simulator adapter reports after a reset or an admissible action."""
@@ -283,7 +289,7 @@ class TextEnv(gym.Env[str, str]):
     def _emit(self, sim: SimStep, *, action_valid: bool) -> tuple[str, dict[str, Any]]:
         assert self._task_id is not None
         obs = to_charset(sim.observation)
-        key = sim.state_key if self.anchor == "state" else stable_hash(["observation", obs])
+        key = sim.state_key if self.anchor == "state" else observation_key(obs)
         raw_actions = () if sim.terminated else sim.admissible_actions
         self._shown = {}
         for raw in raw_actions:

@@ -272,11 +272,9 @@ def test_gaca_eval_on_env_servers(tmp_path, diag_server):
 def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
 
     if not (has_module("torch") and has_module("transformers")):
         pytest.skip("needs the train extra")
-    root = Path(__file__).resolve().parents[1]
     servers = [start_env_server("gaca/Diag-Signs-v0") for _ in range(2)]
     small = ["iterations=2", "eval_every=2", "env.eval_episodes=8", "env.groups=2",
              "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=10",
@@ -287,7 +285,7 @@ def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
         runs = {}
         for name, extra in (("local", ["env.workers=2"]), ("remote", [f"env.servers=[{urls}]"])):
             done = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--no-progress",
-                                   "--config", str(root / "configs" / "default.yaml"),
+                                   "--config", "default",
                                    f"out_dir={tmp_path}", f"name={name}", *small, *extra],
                                   env=env, capture_output=True, text=True, timeout=900)
             assert done.returncode == 0, done.stderr[-3000:]
@@ -308,9 +306,10 @@ def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
 
 
 # ---------------------------------------------------------------- AgentGym's protocol
-def agentgym_server():
+def agentgym_server(with_actions: bool = True):
     """A small server speaking AgentGym's HTTP env protocol (AgentGym's own servers are not
-    installable here): count to a target with 'add 1' / 'add 2'; data_idx is the target."""
+    installable here): count to a target with 'add 1' / 'add 2'; data_idx is the target.
+    ``with_actions=False``: no ``/available_actions`` (as some AgentGym servers)."""
     import uvicorn
     from fastapi import Body, FastAPI
 
@@ -334,13 +333,15 @@ def agentgym_server():
         e = envs[id]
         return f"total {e['total']} of {e['target']}"
 
-    @app.get("/available_actions")
-    def available_actions(id: int):
-        return ["add 1", "add 2"]
+    if with_actions:
+        @app.get("/available_actions")
+        def available_actions(id: int):
+            return ["add 1", "add 2"]
 
     @app.post("/step")
     def step(body: dict = Body()):
         e = envs[body["id"]]
+        e.setdefault("sent", []).append(body["action"])
         if body["action"] in ("add 1", "add 2"):
             e["total"] += int(body["action"][-1])
         e["done"] = e["total"] >= e["target"]
@@ -388,6 +389,32 @@ def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
         results = evaluate("gaca/AgentGym-v0", {"url": url, "num_tasks": 3}, "random", 6,
                            tmp_path / "eval", progress=False)
         assert results["n"] == 6 and results["failed"] == 0
+    finally:
+        server.should_exit = True
+
+
+def test_agentgym_server_without_an_action_list_gets_the_text_as_typed():
+    """A server that lists no actions is sent whatever the agent typed (case kept); one
+    that lists them only gets admissible actions (the env contract's no-op otherwise)."""
+    server, url, envs = agentgym_server(with_actions=False)
+    try:
+        env = gym.make("gaca/AgentGym-v0", url=url, num_tasks=3)
+        _, info = env.reset(seed=0, options={"task_id": 0})
+        assert info["admissible_actions"] == ()
+        _, _, _, _, info = env.step("Add 1")
+        assert info["action_valid"] and envs[0]["sent"] == ["Add 1"]
+        env.close()
+    finally:
+        server.should_exit = True
+    server, url, envs = agentgym_server(with_actions=True)
+    try:
+        env = gym.make("gaca/AgentGym-v0", url=url, num_tasks=3)
+        env.reset(seed=0, options={"task_id": 0})
+        obs, reward, _, _, info = env.step("jump")
+        assert not info["action_valid"] and "sent" not in envs[0]
+        _, _, _, _, info = env.step("ADD 1")  # shown "add 1", sent in the server's spelling
+        assert info["action_valid"] and envs[0]["sent"] == ["add 1"]
+        env.close()
     finally:
         server.should_exit = True
 

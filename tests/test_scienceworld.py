@@ -288,7 +288,8 @@ def test_gpu_configs_load_and_use_the_engine_splits():
 
     from gaca_agent.config import load_config
 
-    paths = sorted((Path(__file__).parents[1] / "configs").glob("scienceworld_qwen2_5_*.yaml"))
+    configs = Path(__file__).parents[1] / "gaca_agent" / "configs"
+    paths = sorted(configs.glob("scienceworld_qwen2_5_*.yaml"))
     assert len(paths) == 6
     for path in paths:
         cfg = load_config(path)

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "gaca_agent" / "configs" / "default.yaml"
 SMALL = ["iterations=4", "eval_every=0", "checkpoint_every=1", "env.groups=2",
          "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=40",
          "warmup.bc_episodes=4", "model.max_new_tokens=12", "learner.kl_coef=0.01",
@@ -50,10 +51,10 @@ def test_config_errors_list_valid_keys(tmp_path):
         load_config(None, ["learner.clip=0.3"])
     with pytest.raises(KeyError, match="unknown estimator"):
         load_config(None, ["algo.estimator=gipo"])
-    cfg = load_config(ROOT / "configs" / "default.yaml", ["algo.estimator=gigpo",
+    cfg = load_config(DEFAULT, ["algo.estimator=gigpo",
                                                           "algo.params={omega: 0.5}"])
     assert cfg.algo.estimator == "gigpo" and cfg.algo.params == {"omega": 0.5}
-    bad = run_train(["--config", str(ROOT / "configs" / "default.yaml"), "env.grups=2"],
+    bad = run_train(["--config", str(DEFAULT), "env.grups=2"],
                     tmp_path)
     assert bad.returncode != 0 and "valid:" in bad.stderr
 
@@ -74,19 +75,19 @@ def test_config_values_are_checked_at_load_time_naming_the_key(override, message
     from gaca_agent.config import load_config
 
     with pytest.raises(ValueError) as err:
-        load_config(ROOT / "configs" / "default.yaml", [override])
+        load_config(DEFAULT, [override])
     assert message in str(err.value)
 
 
 def test_config_type_errors_reach_the_user_without_a_traceback(tmp_path):
-    run = run_train(["--config", str(ROOT / "configs" / "default.yaml"), "iterations=abc",
+    run = run_train(["--config", str(DEFAULT), "iterations=abc",
                      f"out_dir={tmp_path}"], tmp_path)
     assert run.returncode == 2 and "iterations must be an integer" in run.stderr
     assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
 
 
 def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
-    base = ["--config", str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}", *SMALL]
+    base = ["--config", str(DEFAULT), f"out_dir={tmp_path}", *SMALL]
     full = run_train([*base, "name=full"], tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     full_dir = tmp_path / "full"
@@ -125,7 +126,7 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path):
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "-m", "gaca_agent.cli.train", "--no-progress", "--config",
-           str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}", "name=ddp",
+           str(DEFAULT), f"out_dir={tmp_path}", "name=ddp",
            *SMALL, "iterations=2", "env.groups=3", "eval_every=1", "env.eval_episodes=5"]
     run = subprocess.run(cmd, cwd=tmp_path, env={**env_vars(), "ACCELERATE_USE_CPU": "1"},
                          capture_output=True, text=True, timeout=900)
@@ -175,7 +176,7 @@ def test_unequal_shares_across_ranks_finish_in_sync(tmp_path, tiny_model_path, l
 
 def test_default_config_beats_its_warm_up_on_held_out_tasks(tmp_path):
     """The embedded default, as shipped (iteration-bounded, not timed)."""
-    run = run_train(["--config", str(ROOT / "configs" / "default.yaml"), f"out_dir={tmp_path}",
+    run = run_train(["--config", str(DEFAULT), f"out_dir={tmp_path}",
                      "checkpoint_every=0"], tmp_path, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = metrics(tmp_path / "default")

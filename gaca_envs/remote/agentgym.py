@@ -12,28 +12,28 @@ reports a failure. This env plays one server-side env per gym env, created on th
 reset and closed by :meth:`close` (servers without ``/close`` keep it; AgentGym's WebShop
 server is one).
 
-Contract differences, flagged in ``info``: the server exposes no true state, so
+It is a :class:`~gaca_envs.core.TextEnv`, so the contract is the one every ``gaca/`` env
+keeps (ASCII observations, normalised admissible actions, no-op steps after the end).
+Where the protocol says less, flagged in ``info``: the server exposes no true state, so
 ``state_key`` is a hash of the observation text (``info["state_key_source"] ==
-"observation"``: anchors are GiGPO's, with their aliasing); ``admissible_actions`` are the
-server's available actions when it reports them, else empty; ``action_valid`` is always
-True (the protocol does not say). ``won``: the episode ended with a reward (or ``score``)
-of at least ``win_score`` (1.0; SciWorld's servers score 0-100: ``win_score=100``).
-``task_id`` is AgentGym's ``data_idx`` in ``range(num_tasks)``.
+"observation"``: anchors are GiGPO's, with their aliasing). ``admissible_actions`` are
+the server's available actions when it reports them; an action outside them is refused
+like any env's. A server that reports none takes any text as typed, and its
+``action_valid`` is always True (the protocol does not say). ``won``: the episode ended
+with a reward (or ``score``) of at least ``win_score`` (1.0; SciWorld's servers score
+0-100: ``win_score=100``). ``task_id`` is AgentGym's ``data_idx`` in
+``range(num_tasks)``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
-
-from gaca_envs.core import stable_hash, text_spaces
+from gaca_envs.core import SimStep, TextEnv, observation_key
 from gaca_envs.remote.client import RemoteEnvError, RemoteEnvLost, RemoteEnvRefused
 
 
-class AgentGymEnv(gym.Env):
-    metadata = {"render_modes": ["ansi"]}
-
+class AgentGymEnv(TextEnv):
     def __init__(self, url: str, env: str = "", num_tasks: int | None = None,
                  create_body: dict[str, Any] | None = None, win_score: float = 1.0,
                  timeout_s: float = 300.0, render_mode: str | None = None) -> None:
@@ -41,15 +41,13 @@ class AgentGymEnv(gym.Env):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        super().__init__(render_mode=render_mode)
         self.url, self.env_name = url.rstrip("/"), env
         self._num_tasks, self.create_body = num_tasks, dict(create_body or {})
-        self.win_score, self.timeout_s, self.render_mode = win_score, timeout_s, render_mode
-        self.observation_space, self.action_space = text_spaces()
+        self.win_score, self.timeout_s = win_score, timeout_s
         self._id: int | None = None
-        self._task_id: int | None = None
-        self._done = False
-        self._won = False
-        self._last = ""
+        self._task = ""
+        self._typed = ""
         self._has_actions: bool | None = None
         import requests
 
@@ -84,67 +82,51 @@ class AgentGymEnv(gym.Env):
                 return tuple(str(a) for a in items)
         return ()
 
-    # ------------------------------------------------------------------ gym API
+    # ------------------------------------------------------------------ simulator hooks
     @property
     def num_tasks(self) -> int:
         if self._num_tasks is None:
             raise RemoteEnvRefused("AgentGym servers do not report how many tasks they have: "
-                                 "make the env with num_tasks=N")
+                                   "make the env with num_tasks=N")
         return self._num_tasks
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        options = dict(options or {})
-        unknown = set(options) - {"task_id"}
-        if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: ['task_id']")
-        task = options.get("task_id")
-        if task is None:
-            task = int(self.np_random.integers(self.num_tasks))
-        elif not isinstance(task, int) or task < 0 or (self._num_tasks is not None
-                                                       and task >= self._num_tasks):
-            raise ValueError(f"task_id must be an int in range({self._num_tasks}), "
-                             f"got {task!r}")
+    def _sim_task(self, task_id: int) -> str:
+        return self._task
+
+    def _sim_reset(self, task_id: int) -> SimStep:
         if self._id is None:
             created = self._request("POST", "/create", json=self.create_body or None)
             self._id = int(created["id"] if "id" in created else created["env_id"])
-        payload = self._request("POST", "/reset", json={"id": self._id, "data_idx": task})
+        payload = self._request("POST", "/reset", json={"id": self._id, "data_idx": task_id})
         payload = payload if isinstance(payload, dict) else {}
         obs = self._request("GET", "/observation", params={"id": self._id})
-        self._task_id, self._done, self._won = task, False, False
-        self._last = str(obs if obs is not _NOT_FOUND else payload.get("observation", ""))
-        return self._last, self._info(payload, action_valid=True)
+        self._task = str(payload.get("goal", payload.get("task_description", "")))
+        obs = str(obs if obs is not _NOT_FOUND else payload.get("observation", ""))
+        return self._sim(obs, payload, 0.0, False, False)
 
     def step(self, action: str):
-        if self._id is None or self._task_id is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            return self._last, 0.0, True, False, self._info({}, action_valid=False, end=True)
+        self._typed = action if isinstance(action, str) else ""  # what a server without
+        return super().step(action)                                # a list is sent
+
+    def _resolve(self, action: str) -> str | None:
+        if self._last is not None and not self._last.admissible_actions:
+            return self._typed  # the server lists no actions: any text is sent as typed
+        return super()._resolve(action)
+
+    def _sim_step(self, action: str) -> SimStep:
         payload = self._request("POST", "/step", json={"id": self._id, "action": str(action)})
         reward = float(payload.get("reward") or 0.0)
-        self._done = bool(payload.get("done", False))
-        score = payload.get("score", reward)
-        self._won = self._won or (self._done and float(score) >= self.win_score)
-        self._last = str(payload.get("observation", ""))
-        info = self._info(payload, action_valid=True, end=self._done)
-        return self._last, reward, self._done, False, info
+        done = bool(payload.get("done", False))
+        won = done and float(payload.get("score", reward)) >= self.win_score
+        return self._sim(str(payload.get("observation", "")), payload, reward, done, won)
 
-    def _info(self, payload: dict[str, Any], *, action_valid: bool, end: bool = False):
-        info = {
-            "admissible_actions": () if end else self._actions(payload),
-            "state_key": stable_hash(["observation", self._last]),
-            "state_key_source": "observation",
-            "task": str(payload.get("goal", payload.get("task_description", ""))),
-            "task_id": self._task_id,
-            "won": self._won,
-            "action_valid": action_valid,
-        }
+    def _sim(self, obs: str, payload: dict[str, Any], reward: float, done: bool,
+             won: bool) -> SimStep:
+        extra: dict[str, Any] = {"state_key_source": "observation"}
         if "score" in payload:
-            info["score"] = float(payload["score"])
-        return info
-
-    def render(self) -> str | None:
-        return self._last if self.render_mode == "ansi" else None
+            extra["score"] = float(payload["score"])
+        return SimStep(obs, () if done else self._actions(payload), observation_key(obs),
+                       reward, done, won, extra)
 
     def close(self) -> None:
         if self._id is not None:
