@@ -155,7 +155,7 @@ def server_iteration(path: str, tok, n: int, new: int, device) -> None:
     from gaca_agent.generate.probe import check, probe
     from gaca_agent.generate.server_engine import ServerEngine
     from gaca_agent.steps import StepTable
-    from gaca_agent.serving.server import ChatModel, make_server
+    from gaca_agent.serving.app import ChatModel, make_server
 
     served = ChatModel(path, "qwen-shape", device=device,
                        dtype="bfloat16" if device == "cuda" else "float32", max_batch=n)

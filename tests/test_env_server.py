@@ -165,7 +165,7 @@ def test_sessions_are_bounded_closed_and_reaped():
 
 
 def test_token_size_limit_and_loopback_rule():
-    from gaca_envs.remote.server import main
+    from gaca_envs.remote.service import main
 
     with pytest.raises(SystemExit) as stop:  # off loopback without a token: refused
         main(["gaca/Diag-Signs-v0", "--host", "0.0.0.0"])
@@ -422,7 +422,7 @@ def test_agentgym_server_without_an_action_list_gets_the_text_as_typed():
 def test_served_envs_never_run_two_engine_calls_at_once():
     """TextWorld/ALFWorld are not thread-safe (concurrent sessions failed ~0.1% of steps
     with parser errors before): a server's env calls are serialised."""
-    from gaca_envs.remote.server import ServeSettings, make_environment_class
+    from gaca_envs.remote.service import ServeSettings, make_environment_class
 
     inside, overlaps = [0], [0]
 

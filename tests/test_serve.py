@@ -24,7 +24,7 @@ class Served:
     def __init__(self, model, api_key=None):
         import openai
 
-        from gaca_agent.serving.server import make_server
+        from gaca_agent.serving.app import make_server
 
         self.model = model
         self.server = make_server(model, "127.0.0.1", 0, api_key)
@@ -50,7 +50,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path):
-    from gaca_agent.serving.server import ChatModel
+    from gaca_agent.serving.app import ChatModel
 
     s = Served(ChatModel(tiny_model_path, "tiny", max_tokens=16))
     yield s
@@ -237,7 +237,7 @@ def test_concurrent_requests_are_batched_and_unchanged_by_it(served):
 def test_full_queue_is_refused_with_429(tiny_model_path):
     import openai
 
-    from gaca_agent.serving.server import ChatModel
+    from gaca_agent.serving.app import ChatModel
 
     s = Served(ChatModel(tiny_model_path, "tiny", max_queue=1))
     try:
@@ -262,7 +262,7 @@ def test_full_queue_is_refused_with_429(tiny_model_path):
 def test_api_key_and_bind_address(tiny_model_path):
     import openai
 
-    from gaca_agent.serving.server import ChatModel, make_server
+    from gaca_agent.serving.app import ChatModel, make_server
 
     s = Served(ChatModel(tiny_model_path, "tiny"), api_key="sekrit")
     try:
@@ -286,7 +286,7 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from gaca_agent.serving.server import ChatModel
+    from gaca_agent.serving.app import ChatModel
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(served.model.engine.model.name_or_path)

@@ -124,7 +124,7 @@ def test_stale_weights_stop_and_missing_ids_stop_training(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path):
-    from gaca_agent.serving.server import ChatModel, make_server
+    from gaca_agent.serving.app import ChatModel, make_server
 
     model = ChatModel(tiny_model_path, "tiny")
     server = make_server(model, "127.0.0.1", 0)
@@ -147,7 +147,7 @@ def test_server_turns_equal_the_local_engines(served, tiny_model_path):
     """The same turns (keys) through gaca-serve and through the hf engine: the same
     tokens, log-probs and span NLLs."""
     from gaca_agent.policies.hf import HFPolicy
-    from gaca_agent.policies.server import ServerPolicy
+    from gaca_agent.policies.served import ServerPolicy
     from gaca_agent.generate.server_engine import ServerEngine
 
     base, model = served

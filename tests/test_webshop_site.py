@@ -25,7 +25,7 @@ needs_browser = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def app():
-    from gaca_envs.webshop.server import create_app
+    from gaca_envs.webshop.website import create_app
     from gaca_envs.webshop.world import WorldConfig, load_world
 
     return create_app(load_world(WorldConfig()), "test")
@@ -72,7 +72,7 @@ def test_every_text_is_escaped_in_html():
 
 
 def test_loopback_addresses_ipv4_and_ipv6():
-    from gaca_envs.webshop.server import is_loopback, url_host
+    from gaca_envs.webshop.website import is_loopback, url_host
 
     for host in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"):
         assert is_loopback(host), host
@@ -82,7 +82,7 @@ def test_loopback_addresses_ipv4_and_ipv6():
 
 
 def test_real_http_server_on_loopback_only(app):
-    from gaca_envs.webshop.server import BackgroundServer
+    from gaca_envs.webshop.website import BackgroundServer
 
     with pytest.raises(ValueError, match="loopback"):
         BackgroundServer(app, host="0.0.0.0")
@@ -96,7 +96,7 @@ def test_real_http_server_on_loopback_only(app):
         assert err.value.code == 404
     finally:
         server.close()
-    cli = subprocess.run([sys.executable, "-m", "gaca_envs.webshop.server", "--host",
+    cli = subprocess.run([sys.executable, "-m", "gaca_envs.webshop.website", "--host",
                           "0.0.0.0"], capture_output=True, text=True, timeout=120)
     assert cli.returncode != 0 and "loopback" in cli.stderr
 

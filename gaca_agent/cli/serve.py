@@ -1,13 +1,13 @@
-"""``gaca-serve``: the command line of :mod:`gaca_agent.serving.server`."""
+"""``gaca-serve``: the command line of :mod:`gaca_agent.serving.app`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from gaca_agent.serving import server as _module
+from gaca_agent.serving import app as _module
 from gaca_agent.serving.protocol import APIError
-from gaca_agent.serving.server import ChatModel, make_server
+from gaca_agent.serving.app import ChatModel, make_server
 
 
 def main(argv: list[str] | None = None) -> int:

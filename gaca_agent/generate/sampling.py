@@ -31,7 +31,7 @@ def _splitmix(x: int) -> int:
 def row_key(*parts: int) -> int:
     """A 63-bit key from integers (episode seed, group member, step, ...): it fits the
     ``seed`` of the chat API (a signed 64-bit integer), so a served model samples a turn
-    with the trainer's own key (:mod:`gaca_agent.serving.server`)."""
+    with the trainer's own key (:mod:`gaca_agent.serving.app`)."""
     h = hashlib.blake2b(digest_size=8)
     for p in parts:
         h.update(int(p).to_bytes(16, "little", signed=True))

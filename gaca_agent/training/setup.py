@@ -43,7 +43,7 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
                            max_prompt_tokens=m.max_prompt_tokens, engine=m.engine)
                   for t in (m.temperature, m.eval_temperature)), None)
     from gaca_agent.generate.factory import make_engine
-    from gaca_agent.policies.server import ServerPolicy
+    from gaca_agent.policies.served import ServerPolicy
 
     engine = make_engine("server", tokenizer=tokenizer, server=cfg.server)
     return (*(ServerPolicy(engine, t, m.max_new_tokens, e.history_length, e.template_file)

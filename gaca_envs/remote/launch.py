@@ -22,7 +22,7 @@ def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
 
     port = free_port()
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.server", env_id, *args,
+    proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.service", env_id, *args,
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     token = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--token"), None)

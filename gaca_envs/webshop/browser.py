@@ -114,7 +114,7 @@ class WebShopBrowserEnv(WebShopEnv):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from gaca_envs.webshop.server import BackgroundServer, create_app
+        from gaca_envs.webshop.website import BackgroundServer, create_app
 
         self._app = create_app(self.world, self.split, self.show_attrs)
         self._server = BackgroundServer(self._app)
