@@ -225,7 +225,7 @@ def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_p
     entropies of the plain full-vocabulary computation, and the same gradients."""
     from transformers import AutoModelForCausalLM
 
-    from gaca_agent.learner.batch import pad_batch, sampled_rows, training_table
+    from gaca_agent.learner.batch import pad_batch, sampled_rows, with_advantages
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
     torch.manual_seed(0)
@@ -234,7 +234,7 @@ def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_p
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     table, adv = samples(tok, n=5)
-    data = training_table(table, adv)
+    data = with_advantages(table, adv)
     batch = pad_batch(data, sampled_rows(data), tok.pad_token_id, "cpu")
     logp, ent = forward_token_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                        batch["positions"], batch["targets"], 0.7, True,

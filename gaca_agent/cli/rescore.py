@@ -7,14 +7,8 @@ import json
 from pathlib import Path
 
 from gaca_agent.analysis import rescore as _module
-from gaca_agent.analysis.rescore import (
-    markdown,
-    parse_params,
-    plot,
-    rescore,
-    rollout_files,
-    step_rows,
-)
+from gaca_agent.analysis.rescore import (markdown, parse_params, plot, rescore, rollout_files,
+                                         step_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ import argparse
 import os
 
 from gaca_agent.serving import app as _module
-from gaca_agent.serving.protocol import APIError
 from gaca_agent.serving.app import ChatModel, make_server
+from gaca_agent.serving.protocol import APIError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,16 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gaca_agent.analysis import study as _module
-from gaca_agent.analysis.study import (
-    PRESETS,
-    aggregate,
-    execute,
-    markdown,
-    paired,
-    paired_markdown,
-    plan,
-    plot,
-)
+from gaca_agent.analysis.study import (PRESETS, aggregate, execute, markdown, paired,
+                                       paired_markdown, plan, plot)
 
 
 def main(argv: list[str] | None = None) -> int:

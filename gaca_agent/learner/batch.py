@@ -15,7 +15,7 @@ import torch
 PAD = -1
 
 
-def training_table(table, advantages: np.ndarray):
+def with_advantages(table, advantages: np.ndarray):
     """``table`` with its ``advantage`` column set (one advantage per row)."""
     adv = np.asarray(advantages, dtype=np.float64)
     if len(adv) != len(table):

@@ -41,7 +41,7 @@ import torch
 
 from gaca_agent.learner.logprobs import forward_token_logprobs
 from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_rows, split_even,
-                                      training_table)
+                                      with_advantages)
 from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
 from gaca_agent.learner.fsdp import clip_grad_norm, fsdp_modules, full_state, shard
@@ -156,8 +156,8 @@ class Learner:
         inference-server probe). Under FSDP2 call it inside :meth:`rollout_context`."""
         from gaca_agent.steps import StepTable
 
-        one = training_table(StepTable.from_tokens([prompt_ids], [completion_ids],
-                                                   [np.zeros(len(completion_ids))]), [0.0])
+        one = with_advantages(StepTable.from_tokens([prompt_ids], [completion_ids],
+                                                    [np.zeros(len(completion_ids))]), [0.0])
         batch = pad_batch(one, np.asarray([0]), self.pad_id, self.accelerator.device)
         model = self.unwrapped  # no DDP wrapper: its forward would wait for the other ranks
         was_training = model.training
@@ -212,7 +212,7 @@ class Learner:
         """One PPO update on this process's step rows (a :class:`StepTable`, one advantage
         per row); returns reduced metrics."""
         cfg = self.config
-        data = training_table(table, advantages)
+        data = with_advantages(table, advantages)
         rows = sampled_rows(data)
         gap = 0.0
         ratio = {"sum": 0.0, "max": 0.0, "n": 0.0}

@@ -31,13 +31,17 @@ def register(table: dict, name: str):
     return add
 
 
+def lookup(table: dict, name: str, what: str):
+    """``table[name]``, or a ValueError naming ``what`` and the registered names."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; registered: {sorted(table)}") from None
+
+
 def policy_loss(name: str):
     """The registered policy loss ``name``."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; registered: "
-                         f"{sorted(POLICY_LOSSES)}") from None
+    return lookup(POLICY_LOSSES, name, "policy loss")
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Agg,
@@ -114,8 +118,4 @@ def kl_low_var(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "low_var_kl"
                ) -> torch.Tensor:
     """Per-token KL estimate to the reference policy (see :data:`KL_ESTIMATORS`)."""
-    try:
-        estimator = KL_ESTIMATORS[kind]
-    except KeyError:
-        raise ValueError(f"kl kind must be one of {sorted(KL_ESTIMATORS)}, got {kind!r}") from None
-    return estimator(logp, ref_logp)
+    return lookup(KL_ESTIMATORS, kind, "kl kind")(logp, ref_logp)

@@ -50,11 +50,10 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
               for t in (m.temperature, m.eval_temperature)), engine)
 
 
-def make_collector(cfg: TrainConfig, kwargs: dict, live: int | None = None):
+def make_collector(cfg: TrainConfig, kwargs: dict):
     """A collector of ``cfg.env`` with env kwargs ``kwargs`` (training or held-out)."""
     from dataclasses import replace
 
     from gaca_agent.collect.collector import Collector
 
-    return Collector(replace(cfg.env, kwargs=dict(kwargs),
-                             max_live_envs=live or cfg.env.max_live_envs))
+    return Collector(replace(cfg.env, kwargs=dict(kwargs)))

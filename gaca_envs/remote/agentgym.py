@@ -105,8 +105,9 @@ class AgentGymEnv(TextEnv):
         return self._sim(obs, payload, 0.0, False, False)
 
     def step(self, action: str):
-        self._typed = action if isinstance(action, str) else ""  # what a server without
-        return super().step(action)                                # a list is sent
+        # kept as typed: what a server that lists no actions is sent (see _resolve)
+        self._typed = action if isinstance(action, str) else ""
+        return super().step(action)
 
     def _resolve(self, action: str) -> str | None:
         if self._last is not None and not self._last.admissible_actions:
