@@ -137,11 +137,34 @@ def test_missing_data_names_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setattr(games_mod, "data_path", lambda *parts: None)
     monkeypatch.setattr(games_mod, "alfworld_cache_dir", lambda: tmp_path / "cache")
     with pytest.raises(ALFWorldDataError) as err:
-        find_data_dir(tmp_path / "nowhere")
+        find_data_dir(None)
     text = str(err.value)
     for needle in ("data_dir argument", "$ALFWORLD_DATA", "$GACA_DATA/alfworld",
-                   "alfworld-download", str(tmp_path / "nowhere")):
+                   "alfworld-download", str(tmp_path / "cache")):
         assert needle in text
+
+
+def test_an_explicit_data_folder_is_never_replaced_by_another(tmp_path, monkeypatch,
+                                                               alfworld_dir):
+    """data_dir= or $ALFWORLD_DATA naming a folder without the games is an error naming
+    it, even when a later place of the lookup order ($GACA_DATA) holds them."""
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    assert find_data_dir(None) == alfworld_dir.resolve()  # found through $GACA_DATA
+    for missing in (tmp_path / "nowhere", tmp_path):
+        with pytest.raises(ALFWorldDataError, match=f"{missing} \\(the data_dir argument"):
+            find_data_dir(missing)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(ALFWorldDataError, match="the \\$ALFWORLD_DATA\\): no such folder"):
+        find_data_dir(None)
+    # importing alfworld sets $ALFWORLD_DATA to its cache: that is not the user's choice
+    monkeypatch.setenv("ALFWORLD_DATA", str(games_mod.alfworld_cache_dir()))
+    import alfworld.info  # noqa: F401
+
+    assert find_data_dir(None) == alfworld_dir.resolve()
+    monkeypatch.delenv("ALFWORLD_DATA")
+    monkeypatch.setenv("GACA_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="GACA_DATA=.*nowhere: no such folder"):
+        find_data_dir(None)
 
 
 def test_fast_text_generation_is_byte_identical(alfworld_dir):

@@ -161,9 +161,11 @@ def test_gaca_eval_on_webshop_expert_and_suite_compare(tmp_path):
                    progress=False)
     assert rnd["n"] == 5 and rnd["mean_score"] < 1.0
     table = suites.run_suite("diag", "expert", tmp_path / "suite", progress=False)
-    assert "| expert | diag v1 |" in table
+    assert "| expert | diag v2 |" in table
+    saved = json.loads((tmp_path / "suite" / "suite.json").read_text())
+    assert list(saved["parts"]) == ["corridor", "signs", "slippery"]  # signs: the demo's
     text = suites.compare([tmp_path / "suite", tmp_path / "ws"])
-    assert "diag v1" in text and "gaca/WebShop-v0" in text
+    assert "diag v2" in text and "gaca/WebShop-v0" in text
 
 
 def test_suite_episodes_override_and_per_part_rows(tmp_path):
@@ -172,7 +174,7 @@ def test_suite_episodes_override_and_per_part_rows(tmp_path):
     table = suites.run_suite("diag", "expert", tmp_path / "s", progress=False, episodes="2")
     saved = json.loads((tmp_path / "s" / "suite.json").read_text())
     assert {r["n"] for r in saved["parts"].values()} == {2}  # --episodes replaced 'all'
-    assert saved["version"] == "1-episodes-2" and "diag v1-episodes-2" in table
+    assert saved["version"] == "2-episodes-2" and "diag v2-episodes-2" in table
     row = {"n": 2, "failed": 0, "success_rate": 0.5, "success_ci95": [0.1, 0.9],
            "mean_score": 0.75, "mean_steps": 3.0}
     many = {"suite": "x", "version": "1", "policy": "p",

@@ -4,6 +4,7 @@ optimizer-step count and the paper configs' resolved setting."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -202,9 +203,12 @@ def test_optimizer_steps_follow_mini_batch_rows(tiny_model_path):
 
 
 def test_paper_config_dry_run_shows_verl_agents_setting():
+    # HF_HUB_OFFLINE=0: the Qwen name is taken on trust (offline, the dry-run refuses a
+    # model the cache does not hold); nothing is downloaded by a dry-run
+    online = {**os.environ, "HF_HUB_OFFLINE": "0"}
     run = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--config",
                           str(ROOT / "gaca_agent/configs/paper/alfworld_qwen2_5_1_5b_gigpo.yaml"),
-                          "--dry-run"], capture_output=True, text=True, timeout=120)
+                          "--dry-run"], capture_output=True, text=True, timeout=120, env=online)
     assert run.returncode == 0, run.stderr
     rows = re.findall(r"\n  (\S[^\n]*?)  +(\S[^\n]*)\n +\(verl-agent: ([^\n]*)\)", run.stdout)
     assert len(rows) == 13

@@ -331,7 +331,7 @@ def test_openai_policy_records_the_servers_logprobs(served):
 
     from gaca_agent.policies import make_policy
 
-    policy = make_policy(f"openai:{served.base}#tiny", max_tokens=12, concurrency=3,
+    policy = make_policy(f"openai:{served.base}#tiny", max_new_tokens=12, concurrency=3,
                          token_ids=True)
     outs = policy.act(turns(3))
     assert len(outs) == 3
@@ -410,3 +410,17 @@ def test_a_refused_body_never_becomes_the_next_request(served):
     second = conn.getresponse()
     assert second.status == 200 and json.loads(second.read())["object"] == "chat.completion"
     conn.close()
+
+
+def test_each_request_is_logged_with_its_id_tokens_and_time(served, caplog):
+    """gaca-serve's INFO lines: a request taken, then answered (id, tokens, seconds)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="gaca_agent.serving")
+    r = chat(served, seed=5, max_tokens=6)
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "gaca_agent.serving"]
+    assert any(x.startswith("chat request from 127.0.0.1: model tiny, 1 choice(s), up to 6")
+               for x in lines), lines
+    done = [x for x in lines if x.startswith(f"chat {r.id}: ")]
+    assert len(done) == 1 and (f"{r.usage.prompt_tokens} prompt + "
+                               f"{r.usage.completion_tokens} completion tokens in ") in done[0]

@@ -81,11 +81,25 @@ def load_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
             if record.get("failed"):
                 continue
             group = (n, record.get("group", record["index"]))
+            traj = record.get("traj", record["index"])
             for step in record["trajectory"]:
                 rows.append({"env": env, "task_type": record.get("task_type") or "all",
-                             "group": group, "state": step["state_key"],
+                             "group": group, "traj": traj, "state": step["state_key"],
                              "text": step["observation"]})
     return rows
+
+
+def lone_rollouts(rows: list[dict[str, Any]]) -> str | None:
+    """Why these rows cannot be audited or re-scored when every task group holds one
+    rollout (anchor groups and group baselines compare rollouts of one task), else None."""
+    trajs: dict[Any, set] = defaultdict(set)
+    for r in rows:
+        trajs[r["group"]].add(r["traj"])
+    if trajs and all(len(t) == 1 for t in trajs.values()):
+        return (f"every one of the {len(trajs)} task groups holds one rollout: anchor groups "
+                "and group baselines need several rollouts of each task (gaca-eval "
+                "--group-size 8, or a training run's rollouts/)")
+    return None
 
 
 def similar_clusters(texts: list[str], threshold: float) -> list[int]:

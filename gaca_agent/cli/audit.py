@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from gaca_agent.analysis import audit as _module
-from gaca_agent.analysis.audit import audit, load_rows, markdown, plot
+from gaca_agent.analysis.audit import audit, load_rows, lone_rollouts, markdown, plot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not rows:
         parser.error("no step rows in the given episodes")
+    if lone_rollouts(rows):
+        parser.error(lone_rollouts(rows))
     result = audit(rows, args.similarity)
     out = args.out or (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
     out.mkdir(parents=True, exist_ok=True)

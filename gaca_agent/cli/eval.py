@@ -7,19 +7,28 @@ import json
 import sys
 from pathlib import Path
 
+from gaca_agent.cli import fail
+from gaca_agent.config.checks import (InputError, check_env, check_env_builds, check_policy,
+                                      check_run_inputs)
 from gaca_agent.eval import evaluate as _module
-from gaca_agent.eval.evaluate import EvaluationInterrupted, evaluate
+from gaca_agent.eval.evaluate import (EvaluationFailed, EvaluationInterrupted,
+                                      eval_policy_kwargs, evaluate)
 from gaca_envs.kv import parse_pairs
+
+PROG = "gaca-eval"
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gaca-eval", description=_module.__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=_module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", help="a gaca/ env id")
+    parser.add_argument("--env", help="a gaca/ env id, or MODULE:ID for your own (MODULE "
+                        "registers ID with gymnasium)")
     parser.add_argument("--env-kwargs", nargs="*", default=[], help="key=value ...")
     parser.add_argument("--policy", help="random, expert, hf:PATH, smollm2, "
                         "openai:BASE_URL#MODEL, human, python:MODULE:FACTORY")
-    parser.add_argument("--policy-kwargs", nargs="*", default=[], help="key=value ...")
+    parser.add_argument("--policy-kwargs", nargs="*", default=[],
+                        help="key=value ... (model policies: temperature, default 0.4, "
+                             "and max_new_tokens)")
     parser.add_argument("--episodes", default=None,
                         help="a number, or 'all' (default 10; with --suite, each part's own)")
     parser.add_argument("--group-size", type=int, default=1,
@@ -36,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-suites", action="store_true")
     parser.add_argument("--compare", nargs="+", type=Path, default=None,
                         help="print evaluations or suites side by side")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the inputs (env, kwargs, data, policy, model, servers), "
+                             "say what would be played, then exit")
     return parser
 
 
@@ -53,12 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         print(suites.compare(args.compare))
         return 0
     if not args.policy:
-        parser_.error("--policy is required")
+        return fail(PROG, "--policy is required")
+    if not args.suite and not args.env:
+        return fail(PROG, "--env (or --suite) is required")
     try:
         policy_kwargs = parse_pairs(args.policy_kwargs, "policy kwarg")
         env_kwargs = parse_pairs(args.env_kwargs, "env kwarg")
-    except ValueError as err:
-        parser_.error(str(err))
+        check_inputs(args, env_kwargs, policy_kwargs)
+        if args.dry_run:
+            print(dry_run(args, env_kwargs, policy_kwargs))
+            return 0
+    except (InputError, ValueError) as err:
+        return fail(PROG, err)
     try:
         if args.suite:
             out = args.out or Path("runs") / "suites" / args.suite
@@ -68,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
                                      episodes=args.episodes)
             print(table)
             return 0
-        if not args.env:
-            parser_.error("--env (or --suite) is required")
         name = f"{args.env.split('/')[-1]}-{args.policy.replace(':', '_').replace('/', '_')}"
         out = args.out or Path("runs") / "eval" / name
         results = evaluate(args.env, env_kwargs, args.policy, args.episodes or "10", out,
@@ -81,12 +97,49 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except EvaluationFailed as err:
+        return fail(PROG, err, code=1)
     except ValueError as err:
-        parser_.error(str(err))
+        return fail(PROG, err)
     print(json.dumps({k: results[k] for k in ("n", "failed", "success_rate", "success_ci95",
                                               "mean_score", "mean_steps")}, indent=2))
     print(f"wrote {out}/results.json, episodes.jsonl, report.html")
     return 0
+
+
+def check_inputs(args, env_kwargs: dict, policy_kwargs: dict) -> None:
+    """The command's inputs, before anything is written (raises InputError)."""
+    from gaca_agent.eval import suites
+
+    policy = (args.policy, eval_policy_kwargs(args.policy, policy_kwargs))
+    if not args.suite:
+        check_run_inputs(args.env, [env_kwargs], servers=args.env_servers or (),
+                         policy=policy)
+        return
+    suite = suites.get_suite(args.suite)
+    check_policy(*policy)
+    for part in suite.parts:
+        check_env(part.env_id, part.env_kwargs, expert=args.policy == "expert")
+    first = suite.parts[0]  # built once: a suite's parts share their env's data
+    check_env_builds(first.env_id, first.env_kwargs)
+
+
+def dry_run(args, env_kwargs: dict, policy_kwargs: dict) -> str:
+    """What the command would play (its inputs checked)."""
+    from gaca_agent.eval import suites
+    from gaca_agent.eval.evaluate import num_tasks_of, plan
+
+    kwargs = eval_policy_kwargs(args.policy, policy_kwargs)
+    head = f"policy {args.policy}" + (f" {kwargs}" if kwargs else "")
+    if args.suite:
+        suite = suites.get_suite(args.suite)
+        parts = ", ".join(f"{p.name} ({args.episodes or p.episodes})" for p in suite.parts)
+        return f"{head}\nsuite {args.suite} v{suite.version}: {parts}\ninputs checked"
+    n = num_tasks_of(args.env, env_kwargs, args.env_servers)
+    planned = plan(args.episodes or "10", n, args.seed)
+    where = f"env {args.env}" + (f" {env_kwargs}" if env_kwargs else "")
+    return (f"{head}\n{where}: {n if n is not None else 'no'} tasks; {len(planned)} "
+            f"episodes x group {args.group_size}\ninputs checked")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from gaca_agent.analysis import rescore as _module
+from gaca_agent.analysis.audit import lone_rollouts
 from gaca_agent.analysis.rescore import (markdown, parse_params, plot, rescore, rollout_files,
                                          step_rows)
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = step_rows(files)
         if not rows:
             raise ValueError("no step rows in these episodes")
+        if lone_rollouts(rows):
+            raise ValueError(lone_rollouts(rows))
         result = rescore(rows, source, estimators, params, args.anchor)
     except (ValueError, FileNotFoundError, TypeError, KeyError) as err:
         parser.error(str(err))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from gaca_agent.serving import app as _module
@@ -30,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32, help="sampled rows per batch")
     parser.add_argument("--max-tokens", type=int, default=1024,
                         help="completion length when a request gives none")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"],
+                        help="INFO: a line per request taken and answered (id, tokens, time)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(message)s")
     if args.model == "smollm2":
         from gaca_agent.policies.smollm2 import smollm2_path
 

@@ -23,36 +23,50 @@ import sys
 from pathlib import Path
 
 from gaca_agent.analysis.setting import describe
+from gaca_agent.cli import fail
 from gaca_agent.config import load_config
+from gaca_agent.config.checks import InputError, check_config
 from gaca_agent.training.loop import RunExists, train
+
+PROG = "gaca-train"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gaca-train", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--resume", type=Path, default=None, help="a run directory")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar: one plain line per iteration (also when the "
+                             "output is not a terminal)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the resolved configuration and what it means, then exit")
+                        help="print the resolved configuration and what it means, check its "
+                             "inputs (env, data, model, servers), then exit")
     parser.add_argument("overrides", nargs="*", help="key=value (e.g. algo.estimator=gigpo)")
     args = parser.parse_args(argv)
     try:
         if args.resume:
             if not (args.resume / "config.yaml").exists():
-                parser.error(f"{args.resume} has no config.yaml to resume from")
+                return fail(PROG, f"{args.resume} has no config.yaml to resume from")
             cfg = load_config(args.resume / "config.yaml", args.overrides)
         else:
             cfg = load_config(args.config, args.overrides)
     except (ValueError, TypeError, KeyError) as err:
-        parser.error(str(err).strip("'\""))
+        return fail(PROG, err.args[0] if isinstance(err, KeyError) and err.args else err)
     if args.dry_run:
         print(describe(cfg))
+    try:
+        check_config(cfg)
+    except InputError as err:
+        return fail(PROG, err)
+    if args.dry_run:
+        print("\ninputs checked: the env builds with both kwargs, the data and model are "
+              "found, the servers answer")
         return 0
     try:
         run_dir = train(cfg, args.resume, progress=not args.no_progress)
     except RunExists as err:
-        parser.error(str(err))
+        return fail(PROG, err)
     print(f"run directory: {run_dir}")
     return 0
 

@@ -30,6 +30,7 @@ from gaca_agent.generate.sampling import row_key
 from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, code
 from gaca_agent.collect.workers import EnvPool, WorkerFailure
 from gaca_agent.types import ActionOutput, Turn
+from gaca_envs.core import observation_key
 
 
 class Collector:
@@ -177,7 +178,9 @@ class Collector:
         shaped = base + (penalty if c.penalty_mode == "reward" else 0.0)
         nll = out.nll or {}
         before = st["info"]
-        state_key, next_key = before.get("state_key", ""), info.get("state_key", "")
+        # an env without state keys (a plain gymnasium env): its observations stand in
+        state_key = before.get("state_key") or observation_key(st["obs"])
+        next_key = info.get("state_key") or observation_key(obs)
         steps.append(
             group=ep.group, traj=ep.traj, t=len(steps), observation=st["obs"],
             admissible_actions=tuple(before.get("admissible_actions", ())),

@@ -95,6 +95,11 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
             raise ValueError(f"{key} must be an integer, got {value!r}")
         return value
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number, got {value!r}")
         return float(value)
@@ -148,7 +153,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ValueError(f"cannot read config {path}: {err}") from None
     for item in overrides or []:
         apply_override(data, item)
+    if any(o.startswith("algo.estimator=") for o in overrides or ()):
+        _keep_params_of_new_estimator(data, overrides or [])
     return _build(TrainConfig, data, "")
+
+
+def _keep_params_of_new_estimator(data: dict[str, Any], overrides: list[str]) -> None:
+    """``algo.estimator=X`` on the command line: the file's estimator parameters that X
+    does not take are dropped, and a line on stderr names them (parameters given as
+    overrides are always kept, and checked)."""
+    import dataclasses
+    import sys
+
+    from gaca_agent.advantages.registry import get
+
+    algo = data.get("algo") or {}
+    try:
+        valid = {f.name for f in dataclasses.fields(get(algo.get("estimator")).config)}
+    except (KeyError, ValueError, TypeError):
+        return  # an unknown estimator: the config check says so
+    given = {o.split("=", 1)[0].split(".")[-1] for o in overrides if o.startswith("algo.params.")}
+    params = algo.get("params") or {}
+    dropped = sorted(k for k in params if k not in valid and k not in given)
+    if dropped:
+        algo["params"] = {k: v for k, v in params.items() if k not in dropped}
+        print(f"note: algo.estimator={algo['estimator']} takes no {', '.join(dropped)}: the "
+              "config file's values of those are not used", file=sys.stderr)
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:

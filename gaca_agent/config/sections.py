@@ -10,6 +10,7 @@ from typing import Literal
 
 from gaca_agent.generate.factory import EngineName
 from gaca_agent.learner.config import LearnerConfig
+from gaca_agent.policies import EVAL_TEMPERATURE
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -85,8 +86,8 @@ class ModelSection:
     max_new_tokens: int = 32
     temperature: float = 1.0
     """Rollout temperature (GiGPO: 1.0)."""
-    eval_temperature: float = 0.4
-    """Validation temperature (GiGPO: 0.4)."""
+    eval_temperature: float = EVAL_TEMPERATURE
+    """Validation temperature (GiGPO: 0.4; gaca-eval's default too)."""
     max_prompt_tokens: int | None = None
     """Longer prompts keep their end (the newest observation) and lose their beginning."""
     engine: EngineName = "hf"

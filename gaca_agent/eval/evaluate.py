@@ -10,12 +10,15 @@ with N >= the number of tasks play task ``i % num_tasks``; fewer take N evenly s
 ids (``floor(i * num_tasks / N)``), so a partial ALFWorld evaluation (games sorted by task
 type) covers every type in proportion instead of only the first. Episode i has seed
 ``seed + i``, and a stochastic policy draws episode i's randomness from that seed alone,
-so a resumed evaluation plays exactly what an uninterrupted one would.
+so a resumed evaluation plays exactly what an uninterrupted one would. A model policy
+(``hf:``, ``smollm2``, ``openai:``) samples at temperature 0.4, as training's held-out
+evaluation does, unless ``--policy-kwargs temperature=T`` says otherwise.
 
 Each episode is appended to ``episodes.jsonl`` the moment it ends, so re-running with the
 same ``--out`` skips finished ones (failed ones are played again). The progress bar counts
-episodes and env steps. Ctrl-C stops cleanly: what finished is saved (with
-``results.json`` and ``report.html`` over it) and the same command resumes. Writes
+episodes and env steps. Ctrl-C, or a policy or env that fails (a server gone), stops
+cleanly: what finished is saved (with ``results.json`` and ``report.html`` over it) and
+the same command resumes. Writes
 ``results.json``, ``episodes.jsonl`` and ``report.html``.
 """
 
@@ -30,6 +33,16 @@ from typing import Any, Sequence
 from gaca_agent.runs.results import drop_partial_line, episode_record, read_episodes, summarize
 
 
+class EvaluationFailed(RuntimeError):
+    """The policy or the envs failed mid-evaluation; what finished is saved in ``out``."""
+
+    def __init__(self, out: Path, finished: int, planned: int, error: BaseException) -> None:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        super().__init__(f"{reason}; {finished} of {planned} episodes saved in {out}: the "
+                         "same command continues from there")
+        self.out, self.finished, self.planned = out, finished, planned
+
+
 class EvaluationInterrupted(KeyboardInterrupt):
     """Ctrl-C during an evaluation; what finished is saved in ``out``."""
 
@@ -39,10 +52,23 @@ class EvaluationInterrupted(KeyboardInterrupt):
         self.out, self.finished, self.planned = out, finished, planned
 
 
+_NUM_TASKS: dict[str, int | None] = {}
+
+
 def num_tasks_of(env_id: str, env_kwargs: dict[str, Any],
-                 servers: Sequence[str] | None = None) -> int:
+                 servers: Sequence[str] | None = None) -> int | None:
     """How many tasks ``env_id`` has with ``env_kwargs`` (asked of the first env server
-    when ``servers`` are given)."""
+    when ``servers`` are given); ``None`` for an env without ``num_tasks`` (a plain
+    gymnasium env: its episodes differ by seed alone). Remembered per process: the input
+    check builds the env once and the command does not build it again."""
+    key = json.dumps([env_id, env_kwargs, list(servers or ())], sort_keys=True, default=str)
+    if key not in _NUM_TASKS:
+        _NUM_TASKS[key] = _count_tasks(env_id, env_kwargs, servers)
+    return _NUM_TASKS[key]
+
+
+def _count_tasks(env_id: str, env_kwargs: dict[str, Any],
+                 servers: Sequence[str] | None) -> int | None:
     import gymnasium as gym
 
     import gaca_envs
@@ -55,19 +81,26 @@ def num_tasks_of(env_id: str, env_kwargs: dict[str, Any],
     else:
         env = gym.make(env_id, **env_kwargs)
     try:
-        return int(env.unwrapped.num_tasks)
+        n = getattr(env.unwrapped, "num_tasks", None)
+        return None if n is None else int(n)
     finally:
         env.close()
 
 
-def plan(episodes: str | int, num_tasks: int, seed: int) -> list[tuple[int, int]]:
-    """(task_id, seed) of every episode index (see the module docstring)."""
+def plan(episodes: str | int, num_tasks: int | None, seed: int) -> list[tuple[int, int]]:
+    """(task_id, seed) of every episode index (see the module docstring). Without a number
+    of tasks (``None``) episode i is task i: its seed alone makes it differ."""
+    if num_tasks is None and str(episodes) == "all":
+        raise ValueError("this env has no num_tasks, so 'all' means nothing: give a number "
+                         "of episodes")
     try:
         n = num_tasks if str(episodes) == "all" else int(episodes)
     except ValueError:
         n = 0
     if n < 1:
         raise ValueError(f"episodes must be a positive number or 'all', got {episodes!r}")
+    if num_tasks is None:
+        return [(i, seed + i) for i in range(n)]
     if n < num_tasks:
         return [(i * num_tasks // n, seed + i) for i in range(n)]
     return [(i % num_tasks, seed + i) for i in range(n)]
@@ -80,10 +113,13 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
              env_servers: Sequence[str] | None = None) -> dict[str, Any]:
     """Run (or resume) one evaluation into ``out``; returns the results dict. Raises
     :class:`EvaluationInterrupted` on Ctrl-C after saving what finished. ``env_servers``:
-    play on these ``gaca-env-serve`` URLs instead of local worker processes."""
-    out.mkdir(parents=True, exist_ok=True)
+    play on these ``gaca-env-serve`` URLs instead of local worker processes. Raises
+    :class:`EvaluationFailed` when the policy or the envs fail, after saving what finished.
+    Nothing is written before the plan is made (a bad ``episodes`` leaves no folder)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
+    planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
+    out.mkdir(parents=True, exist_ok=True)
     meta = {"env": env_id, "env_kwargs": env_kwargs, "policy": policy_spec,
             "episodes": str(episodes), "seed": seed}
     if group_size > 1:
@@ -97,7 +133,6 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
     episodes_path = out / "episodes.jsonl"
     drop_partial_line(episodes_path)
     records = read_episodes(episodes_path)
-    planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
     g = group_size
     todo = [(i, task) for i, task in enumerate(planned)
             if any(k not in records or records[k]["failed"] for k in range(i * g, i * g + g))]
@@ -110,6 +145,12 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
         write_results(out, records, meta, policy_spec, env_id, complete=False)
         raise EvaluationInterrupted(out, sum(not r["failed"] for r in records.values()),
                                     len(planned) * g) from None
+    except Exception as err:
+        write_results(out, records, meta, policy_spec, env_id, complete=False)
+        if os.environ.get("GACA_TRACEBACK"):
+            raise
+        raise EvaluationFailed(out, sum(not r["failed"] for r in records.values()),
+                               len(planned) * g, err) from err
     return write_results(out, records, meta, policy_spec, env_id, complete=True)
 
 
@@ -120,18 +161,23 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
     each one to the file as it ends; episode index = planned index x group_size + member."""
     from tqdm import tqdm
 
-    from gaca_agent.policies import make_policy
     from gaca_agent.collect.collector import Collector
     from gaca_agent.config import EnvSection
+    from gaca_agent.policies import make_policy
 
-    policy = policy or make_policy(policy_spec, **(policy_kwargs or {}))
+    from gaca_agent.runs.progress import quiet_libraries
+
+    quiet_libraries()
+    kwargs = eval_policy_kwargs(policy_spec, policy_kwargs)
+    policy = policy or make_policy(policy_spec, **kwargs)
     # gaca-eval reports the environment's own rewards: no invalid-action penalty
     collector = Collector(EnvSection(id=env_id, kwargs=dict(env_kwargs), workers=workers,
                                      max_live_envs=max(1, min(max_live_envs,
                                                               len(todo) * group_size)),
                                      history_length=history_length, invalid_penalty=0.0,
                                      servers=tuple(env_servers or ())))
-    bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}", unit="ep",
+    at = f" at temperature {kwargs['temperature']:g}" if "temperature" in kwargs else ""
+    bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}{at}", unit="ep",
                disable=not progress)
     index_of = {g: i for g, (i, _) in enumerate(todo)}
     steps = 0
@@ -157,6 +203,15 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
         finally:
             collector.close()
             bar.close()
+
+
+def eval_policy_kwargs(policy_spec: str, policy_kwargs: dict | None) -> dict:
+    """The policy kwargs of an evaluation: a model policy samples at
+    :data:`~gaca_agent.policies.EVAL_TEMPERATURE` unless ``temperature`` is given."""
+    from gaca_agent.policies import EVAL_TEMPERATURE, samples
+
+    defaults = {"temperature": EVAL_TEMPERATURE} if samples(policy_spec) else {}
+    return {**defaults, **(policy_kwargs or {})}
 
 
 def write_results(out: Path, records, meta, policy_spec: str, env_id: str,

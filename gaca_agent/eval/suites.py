@@ -33,8 +33,11 @@ SUITES: dict[str, Suite] = {
                        Part("valid_unseen", "gaca/ALFWorld-v0", {"split": "valid_unseen"}))),
     "webshop": Suite("1", "WebShop test goals (500) on the bundled generated catalogue",
                      (Part("test", "gaca/WebShop-v0", {"split": "test"}),)),
-    "diag": Suite("1", "the diagnostic worlds' test tasks (16 each)",
+    # v2 adds signs (the demo's world); v1 was corridor and slippery
+    "diag": Suite("2", "the diagnostic worlds' test tasks (16 each): corridor, signs (the "
+                       "demo's world), slippery",
                   (Part("corridor", "gaca/Diag-Corridor-v0", {"split": "test"}),
+                   Part("signs", "gaca/Diag-Signs-v0", {"split": "test"}),
                    Part("slippery", "gaca/Diag-Slippery-v0", {"split": "test"}))),
 }
 
@@ -63,11 +66,12 @@ def get_suite(name: str) -> Suite:
 
 def run_suite(name: str, policy_spec: str, out: Path, **kwargs: Any) -> str:
     """Evaluate every part into ``out/<part>/``; write ``suite.json`` and ``suite.md``."""
-    from gaca_agent.eval.evaluate import evaluate
+    from gaca_agent.eval.evaluate import eval_policy_kwargs, evaluate
     from gaca_agent.policies import make_policy
 
     suite = get_suite(name)
-    policy = make_policy(policy_spec, **(kwargs.pop("policy_kwargs", None) or {}))
+    policy = make_policy(policy_spec, **eval_policy_kwargs(policy_spec,
+                                                           kwargs.pop("policy_kwargs", None)))
     episodes = kwargs.pop("episodes", None)
     rows = {}
     for part in suite.parts:

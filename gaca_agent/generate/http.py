@@ -1,5 +1,9 @@
-"""JSON over HTTP to an inference server: retries on connection failures (and, when
-asked, on 5xx answers), and the errors the server engine raises."""
+"""JSON over HTTP to an inference server: retries when a request never reached the server
+(and, when asked, on 429 and 5xx answers), and the errors the server engine raises.
+
+A request that reached the server is never sent again while the server may still be
+working on it: a read timeout raises :class:`ServerTimedOut` at once (sending the same
+generation again would only queue a second copy behind the first)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,10 @@ from typing import Any
 
 class ServerUnreachable(ConnectionError):
     pass
+
+
+class ServerTimedOut(TimeoutError):
+    """The server took the request but did not answer in time; it was not sent again."""
 
 
 class ServerRefused(RuntimeError):
@@ -56,7 +64,13 @@ def _request(url: str, data: bytes | None, api_key: str | None, timeout_s: float
             if not retry_http or (err.code != 429 and err.code < 500):
                 raise refused from err
             last = refused
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+        except urllib.error.URLError as err:  # the request never reached the server
+            last = err
+        except TimeoutError as err:  # sent, and the server may still be working on it
+            raise ServerTimedOut(f"{url} did not answer within {timeout_s:g} s (not sent "
+                                 "again: the server may still be working on it; give a "
+                                 "longer timeout_s for a slow model)") from err
+        except (ConnectionError, OSError) as err:  # it dropped the connection: not working
             last = err
         if attempt < retries:
             time.sleep(backoff_s * 2 ** attempt)

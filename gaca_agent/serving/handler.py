@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import queue
+import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -14,6 +16,9 @@ from gaca_envs.net import bearer_ok
 
 MAX_BODY = 8 << 20
 STREAM_TIMEOUT_S = 600.0
+#: One INFO line per chat request taken and per request answered (id, tokens, time):
+#: ``gaca-serve`` shows them; a slow model's queue can be seen growing.
+log = logging.getLogger("gaca_agent.serving")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -205,7 +210,11 @@ class Handler(BaseHTTPRequestHandler):
         served = self.model.adapters.resolve(params.model)
         version = self.model.weights.version
         job = Job(served, self.model.requests(params), params.stream)
+        t0 = time.perf_counter()
         self.model.batcher.submit(job)
+        log.info("chat request from %s: model %s, %d choice(s), up to %s tokens",
+                 self.client_address[0], params.model, len(job.requests),
+                 params.max_tokens or "the default")
         if params.stream:
             return self._stream(params, job)
         try:
@@ -215,7 +224,12 @@ class Handler(BaseHTTPRequestHandler):
             raise APIError(503, "generation timed out") from None
         if kind == "error":
             raise as_api_error(rest[0])
-        self._send(200, self.model.response(params, rest[0], version))
+        response = self.model.response(params, rest[0], version)
+        usage = response.get("usage") or {}
+        log.info("chat %s: %s prompt + %s completion tokens in %.2f s", response.get("id"),
+                 usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                 time.perf_counter() - t0)
+        self._send(200, response)
 
     def _stream(self, params: api.ChatParams, job) -> None:
         from gaca_agent.serving.stream import ChoiceStream

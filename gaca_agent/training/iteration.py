@@ -16,9 +16,13 @@ from gaca_agent.config import TrainConfig
 EVAL_SEED = 10_000
 
 
-def iteration_tasks(cfg: TrainConfig, iteration: int, num_tasks: int) -> list[tuple[int, int]]:
+def iteration_tasks(cfg: TrainConfig, iteration: int,
+                    num_tasks: int | None) -> list[tuple[int, int]]:
+    """(task id, seed) of the iteration's groups; an env without ``num_tasks`` (``None``)
+    gets task ids 0.. and differs by seed alone."""
     rng = np.random.default_rng([cfg.seed, iteration])
-    ids = rng.choice(num_tasks, size=cfg.env.groups, replace=cfg.env.groups > num_tasks)
+    ids = (rng.choice(num_tasks, size=cfg.env.groups, replace=cfg.env.groups > num_tasks)
+           if num_tasks is not None else np.arange(cfg.env.groups))
     seeds = rng.integers(0, 2**31 - 1, size=cfg.env.groups)
     return [(int(t), int(s)) for t, s in zip(ids, seeds)]
 

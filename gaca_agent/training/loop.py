@@ -5,6 +5,7 @@ evaluate and checkpoint; the final save and held-out evaluation. See
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import yaml
 
 from gaca_agent.config import TrainConfig, to_dict
 from gaca_agent.eval.evaluate import num_tasks_of
+from gaca_agent.runs.progress import iteration_line, quiet_libraries
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
 from gaca_agent.training.iteration import (EVAL_SEED, episode_records, estimate, globalize,
@@ -55,21 +57,29 @@ class Run:
 
 
 def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -> Path:
-    """Run (or resume, from ``resume``'s latest checkpoint) ``cfg``; the run directory."""
+    """Run (or resume, from ``resume``'s latest checkpoint) ``cfg``; the run directory.
+    With ``progress`` and a terminal, a progress bar; else one plain line per iteration
+    on stdout (the main process's)."""
     from tqdm import tqdm
 
+    quiet_libraries()
     run = _open(cfg, resume)
+    bar_shown = progress and sys.stderr.isatty()
     try:
         if run.start == 0:
             _warmup(run)
         elif run.sync is not None:
             run.sync(run.start)  # a resumed run first puts its checkpoint's weights there
         bar = tqdm(range(run.start, cfg.iterations), desc=cfg.name,
-                   disable=not (progress and run.acc.is_main_process))
+                   disable=not (bar_shown and run.acc.is_main_process))
         for it in bar:
+            t0 = time.perf_counter()
             metrics = _iteration(run, it)
             bar.set_postfix(success=f"{metrics['rollout/success']:.2f}",
                             eval=f"{metrics.get('eval/success', float('nan')):.2f}")
+            if not bar_shown and run.acc.is_main_process:
+                print(iteration_line(cfg.name, it, cfg.iterations, metrics,
+                                     time.perf_counter() - t0), flush=True)
         _finish(run)
     finally:
         run.close()
@@ -175,7 +185,7 @@ def _warmup(run: Run) -> None:
     metrics: dict[str, Any] = {}
     if cfg.warmup.bc_steps > 0:
         n = cfg.warmup.bc_episodes
-        tasks = [(i % n_train, 50_000 + i) for i in range(n)]
+        tasks = [(i % (n_train or n), 50_000 + i) for i in range(n)]
         rollout = collector.run(make_policy("random", seed=cfg.seed), tasks, 1)
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
         metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, cfg.warmup.bc_steps,

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Literal
 
-from gaca_envs.data import data_path
+from gaca_envs.data import DataNotFound, data_path
 
 Split = Literal["train", "valid_seen", "valid_unseen"]
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
@@ -23,7 +23,7 @@ TASK_TYPES: tuple[str, ...] = (
 GAME_FILE = "game.tw-pddl"
 
 
-class ALFWorldDataError(FileNotFoundError):
+class ALFWorldDataError(DataNotFound):
     """ALFWorld's game files were not found where the lookup order says."""
 
 
@@ -44,8 +44,8 @@ def alfworld_cache_dir() -> Path:
 def _lookup_order(data_dir: str | os.PathLike | None) -> list[tuple[str, Path | None]]:
     env = os.environ.get("ALFWORLD_DATA")
     return [
-        ("data_dir argument", Path(data_dir) if data_dir else None),
-        ("$ALFWORLD_DATA", Path(os.path.expandvars(env)) if env else None),
+        ("data_dir argument", Path(os.path.expanduser(str(data_dir))) if data_dir else None),
+        ("$ALFWORLD_DATA", Path(os.path.expandvars(os.path.expanduser(env))) if env else None),
         ("$GACA_DATA/alfworld", data_path("alfworld")),
         ("the alfworld package cache", alfworld_cache_dir()),
     ]
@@ -54,9 +54,19 @@ def _lookup_order(data_dir: str | os.PathLike | None) -> list[tuple[str, Path | 
 def find_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The first folder of the lookup order that holds ``json_2.1.1/``.
 
-    Raises :class:`ALFWorldDataError` naming every place looked at and how to get the data.
+    An explicit ``data_dir`` (or a set ``$ALFWORLD_DATA``) must hold it: the order never
+    goes past a place it was told. Raises :class:`ALFWorldDataError` naming the place, or
+    every place looked at and how to get the data.
     """
     order = _lookup_order(data_dir)
+    for label, path in order[:2]:
+        # importing alfworld sets $ALFWORLD_DATA to its own cache when unset: not a choice
+        if path is not None and path.resolve() != alfworld_cache_dir().resolve():
+            if (path / "json_2.1.1").is_dir():
+                return path.resolve()
+            raise ALFWorldDataError(
+                f"ALFWorld data not found in {path} (the {label}): "
+                + ("no such folder" if not path.exists() else "it has no json_2.1.1/"))
     for _, path in order:
         if path is not None and (path / "json_2.1.1").is_dir():
             return path.resolve()

@@ -165,9 +165,7 @@ class _Session:
 
     def step(self, action, timeout_s: float | None = None, **kwargs: Any):
         if self._env is None:
-            raise RuntimeError(
-                "reset before step: OpenEnv's HTTP /step is stateless (a new env per "
-                "call); play episodes over the /ws session endpoint")
+            raise RuntimeError("reset before step: no episode has started in this session")
         with self.engine_lock:
             obs, reward, terminated, truncated, info = self._env.step(action.action)
             self._state.step_count += 1
@@ -293,7 +291,9 @@ def build_app(settings: ServeSettings, *, max_sessions: int = 64,
                 "opened": env_cls.opened}
 
     async def client_error(request: Request, err: Exception):
-        return JSONResponse({"detail": f"{type(err).__name__}: {err}"}, status_code=400)
+        hint = (" (HTTP /step is stateless: OpenEnv makes a new env per call; play episodes "
+                "over /ws)" if request.url.path.rstrip("/") == "/step" else "")
+        return JSONResponse({"detail": f"{type(err).__name__}: {err}{hint}"}, status_code=400)
 
     async def server_error(request: Request, err: Exception):
         return JSONResponse({"detail": f"internal error ({type(err).__name__})"},
@@ -331,6 +331,20 @@ def _parse_args(argv: list[str] | None):
     return p, args, kwargs
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (in use, no such address), or None."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            sock.bind((host, port))
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from gaca_envs.net import is_loopback
 
@@ -351,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         gym.make(args.env_id, **kwargs).close()
     except Exception as err:  # noqa: BLE001 - reported as a usage error
         p.error(f"cannot make {args.env_id} {kwargs}: {type(err).__name__}: {err}")
+    busy = port_in_use(args.host, args.port)
+    if busy:
+        p.error(f"cannot listen on {args.host}:{args.port}: {busy}")
     app = build_app(settings, max_sessions=args.max_sessions,
                     idle_timeout_s=args.idle_timeout or None, token=args.token,
                     max_request_bytes=args.max_request_bytes)

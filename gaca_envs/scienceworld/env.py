@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import shutil
 import sys
 from typing import Any, Iterable, Sequence
@@ -20,6 +22,12 @@ JAVA_HINT = ("ScienceWorld's engine needs a Java runtime (java on PATH). Debian/
              "sudo apt-get install default-jre-headless, or run bash scripts/setup.sh "
              "scienceworld, which installs it")
 
+
+#: The engine JVM's default maximum heap (``-Xmx``): the JVM's own default is a quarter of
+#: the machine's memory, and it grows towards it (2,331 MB per env measured on 24 GB); with
+#: this cap an env held 782 MB at the same speed and wins (docs/benchmarks.md).
+JVM_HEAP = "768m"
+_HEAP_RE = re.compile(r"^[1-9][0-9]*[kKmMgG]?$")
 
 #: How many gold recordings the expert asks for before it takes one that did not replay.
 GOLD_TRIES = 4
@@ -51,12 +59,36 @@ def check_requirements() -> None:
                                 "pip install -e '.[scienceworld]'")
 
 
-def start_engine():
-    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s)."""
+def check_heap(jvm_heap: str | None) -> str | None:
+    """``jvm_heap`` as ``-Xmx`` takes it (``768m``, ``2g``); None: the JVM's own default."""
+    if jvm_heap is None:
+        return None
+    heap = str(jvm_heap).strip()
+    if not _HEAP_RE.match(heap):
+        raise ValueError(f"jvm_heap must be a size such as 768m or 2g (or None: the JVM's "
+                         f"default), got {jvm_heap!r}")
+    return heap
+
+
+def start_engine(jvm_heap: str | None = JVM_HEAP):
+    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s), with
+    ``-Xmx<jvm_heap>`` (through ``JAVA_TOOL_OPTIONS``, which the package's launcher
+    passes on; the user's own options stay, ours come last and win)."""
     check_requirements()
     from scienceworld import ScienceWorldEnv as Engine
 
-    return Engine("", envStepLimit=sys.maxsize)
+    heap = check_heap(jvm_heap)
+    if heap is None:
+        return Engine("", envStepLimit=sys.maxsize)
+    before = os.environ.get("JAVA_TOOL_OPTIONS")
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{before or ''} -Xmx{heap}".strip()
+    try:
+        return Engine("", envStepLimit=sys.maxsize)
+    finally:
+        if before is None:
+            os.environ.pop("JAVA_TOOL_OPTIONS", None)
+        else:
+            os.environ["JAVA_TOOL_OPTIONS"] = before
 
 
 class ScienceWorldEnv(TextEnv):
@@ -136,11 +168,29 @@ class ScienceWorldEnv(TextEnv):
     world from step 59 of a grow-fruit episode, episode after episode in one process
     (every load seeds the generator, so some other state of the engine carries over).
 
+    The gold path itself depends on what the JVM ran before, in every task type measured
+    that waits on the world (``benchmarks/bench_scienceworld_heap.py``, 6 processes):
+    boil's first test variation has an 84-step gold path when it is the JVM's first task
+    and 90 or 102 steps after four other tasks; mendelian-genetics-known-plant 143, 146 or
+    147; grow-fruit (83), measure-melting-point-unknown-substance (96) and chemistry-mix
+    (19) were the same in every process. Every one of these recordings won. The expert
+    cannot be the same in every process without a fresh JVM per recording (about 1 s and
+    its memory each); it is the same within a process for a task, once recorded.
+
+    ## Memory
+    The engine's JVM is started with ``-Xmx<jvm_heap>`` (default ``768m``). Without a cap
+    the JVM takes up to a quarter of the machine's memory and grows towards it: one env
+    process reached 2,331 MB on this 24 GB machine over 5 expert episodes, against 782 MB
+    with ``768m`` (536 MB with ``512m``), at the same median step time (105-107 ms) and
+    with the same wins (10 of 10 for each heap, boil, grow-fruit, genetics, melting point
+    and chemistry; the longest admissible-action lists of the suite are in genetics).
+
     ## Arguments
     ``split`` (``train``, ``dev``, ``test``: the engine's own variation lists),
     ``task_types`` (names such as ``boil``, ids such as ``1-1``, or a comma-separated
     string), ``simplifications`` (``easy``, or flags among ``teleportAction``,
     ``selfWateringFlowerPots``, ``openContainers``, ``openDoors``, ``noElectricalAction``),
+    ``jvm_heap`` (the JVM's ``-Xmx``: ``768m``, ``2g``; ``None`` for the JVM's default),
     ``anchor``, ``render_mode``.
 
     ## Version History
@@ -149,7 +199,7 @@ class ScienceWorldEnv(TextEnv):
 
     def __init__(self, split: str = "test", task_types: str | Sequence[str] | None = None,
                  simplifications: str | Iterable[str] | None = None, anchor: Anchor = "state",
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, jvm_heap: str | None = JVM_HEAP) -> None:
         super().__init__(render_mode=render_mode, anchor=anchor)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -157,7 +207,8 @@ class ScienceWorldEnv(TextEnv):
         self.split = split
         self.task_types = resolve_task_types(task_types)
         self.simplifications = simplification_string(simplifications, self.task_types)
-        self._engine = start_engine()
+        self.jvm_heap = check_heap(jvm_heap)
+        self._engine = start_engine(self.jvm_heap)
         self._server = self._engine.server
         self.variations = list_variations(self._server, split, self.task_types)
         self._tasks: dict[int, str] = {}
