@@ -136,6 +136,13 @@ def test_gaca_train_mistakes_are_one_line_errors_before_the_run_folder(
     assert not list(tmp_path.iterdir())  # no run folder left behind
 
 
+def test_gaca_serve_names_a_model_it_cannot_find(capsys):
+    from gaca_agent.cli import serve as serve_cli
+
+    rc, _, err = run(serve_cli.main, ["./no/such/model"], capsys)
+    one_line_error(rc, err, "gaca-serve", "model ./no/such/model: no such folder")
+
+
 def test_dry_runs_say_their_inputs_were_checked(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     rc, out, _ = run(train_cli.main, ["--config", "default", "--dry-run"], capsys)

@@ -35,12 +35,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="INFO: a line per request taken and answered (id, tokens, time)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(message)s")
+    from gaca_agent.runs.progress import quiet_libraries
+
+    quiet_libraries()  # its own lines only: no "Loading weights" bar
+    from gaca_agent.cli import fail
+    from gaca_agent.config.checks import InputError, check_model
+
+    path = args.model[3:] if args.model.startswith("hf:") else args.model
+    try:
+        check_model(path)
+    except InputError as err:
+        return fail("gaca-serve", err)
     if args.model == "smollm2":
         from gaca_agent.policies.smollm2 import smollm2_path
 
         path = str(smollm2_path())
-    else:
-        path = args.model[3:] if args.model.startswith("hf:") else args.model
     loras = []
     for spec in args.lora:
         name, sep, lora_path = spec.partition("=")

@@ -100,13 +100,22 @@ def check_paths(kwargs: dict[str, Any], what: str) -> None:
                 raise InputError(f"{what}: {key}={value}: no such file or folder")
 
 
-def check_env(env_id: str, kwargs: dict[str, Any], *, expert: bool = False) -> None:
-    """The env id, its kwargs and paths, and its Python requirements."""
+def check_env(env_id: str, kwargs: dict[str, Any], *, expert: bool = False,
+              local: bool = True) -> None:
+    """The env id and its kwargs; for an env played here (``local``: not on env servers,
+    whose machines hold their own data and packages) its paths and Python requirements."""
     spec = env_spec(env_id)
-    factory = env_class(env_id)
+    if local:
+        _check_requires(env_id)  # first: it names what to install
+    try:
+        factory = env_class(env_id)
+    except ImportError as err:
+        if local:
+            raise InputError(f"env {env_id}: {err}") from None
+        return  # played on env servers: this machine need not have its packages
     check_kwargs(factory, {**spec.kwargs, **kwargs}, f"env {env_id}", extra=_MAKE_KWARGS)
-    check_paths(kwargs, f"env {env_id}")
-    _check_requires(env_id)
+    if local:
+        check_paths(kwargs, f"env {env_id}")
     if expert and not hasattr(factory, "expert_action"):
         raise InputError(f"--policy expert: env {env_id} has no expert (no expert_action())")
 
@@ -207,7 +216,7 @@ def check_run_inputs(env_id: str, env_kwargs: Sequence[dict[str, Any]], *,
     """Everything a command is about to use, cheapest first; raises :class:`InputError`."""
     expert = policy is not None and policy[0] == "expert"
     for kwargs in env_kwargs:
-        check_env(env_id, kwargs, expert=expert)
+        check_env(env_id, kwargs, expert=expert, local=not servers)
     if policy is not None:
         check_policy(*policy)
     if model is not None:
