@@ -70,13 +70,13 @@ def run_suite(name: str, policy_spec: str, out: Path, **kwargs: Any) -> str:
     from gaca_agent.policies import make_policy
 
     suite = get_suite(name)
-    policy = make_policy(policy_spec, **eval_policy_kwargs(policy_spec,
-                                                           kwargs.pop("policy_kwargs", None)))
+    policy_kwargs = eval_policy_kwargs(policy_spec, kwargs.pop("policy_kwargs", None))
+    policy = make_policy(policy_spec, **policy_kwargs)
     episodes = kwargs.pop("episodes", None)
     rows = {}
     for part in suite.parts:
         res = evaluate(part.env_id, part.env_kwargs, policy_spec, episodes or part.episodes,
-                       out / part.name, policy=policy, **kwargs)
+                       out / part.name, policy=policy, policy_kwargs=policy_kwargs, **kwargs)
         rows[part.name] = {k: res[k] for k in ("n", "failed", "success_rate", "success_ci95",
                                                "mean_score", "mean_steps")}
     table = {"suite": name, "version": suite.version if not episodes else
