@@ -382,14 +382,13 @@ def test_audit_and_rescore_refuse_episodes_without_task_groups(tmp_path, capsys)
     from gaca_agent.eval.evaluate import evaluate
 
     evaluate("gaca/Diag-Corridor-v0", {}, "random", 3, tmp_path / "lone", progress=False)
-    for main in (audit_cli.main, rescore_cli.main):
-        with pytest.raises(SystemExit) as stop:
-            main([str(tmp_path / "lone")])
-        assert stop.value.code == 2
-        assert "holds one rollout" in capsys.readouterr().err
+    for main, prog in ((audit_cli.main, "gaca-audit"), (rescore_cli.main, "gaca-rescore")):
+        rc, _, err = run(main, [str(tmp_path / "lone")], capsys)
+        one_line_error(rc, err, prog, "holds one rollout", "--group-size")
     evaluate("gaca/Diag-Corridor-v0", {}, "random", 2, tmp_path / "groups", progress=False,
              group_size=3)
     assert audit_cli.main([str(tmp_path / "groups")]) == 0
+    assert rescore_cli.main([str(tmp_path / "groups")]) == 0
 
 
 def test_the_readme_training_override_runs():

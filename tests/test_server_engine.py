@@ -307,6 +307,8 @@ def start_gaca_serve(path: str, root):
     while "server on" not in line:
         assert line, "gaca-serve exited"
         line = serve.stdout.readline()
+    # keep reading its request log: a full pipe would block the server's next log line
+    threading.Thread(target=serve.stdout.read, daemon=True).start()
     return serve, re.search(r"(http://\S+/v1)", line).group(1)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gaca_agent.analysis import audit as _module
 from gaca_agent.analysis.audit import audit, load_rows, lone_rollouts, markdown, plot
+from gaca_agent.cli import fail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,15 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: the first path's folder")
     args = parser.parse_args(argv)
     if not 0 < args.similarity <= 1:
-        parser.error("--similarity must be in (0, 1]")
+        return fail("gaca-audit", "--similarity must be in (0, 1]")
     try:
         rows = load_rows(args.paths)
     except FileNotFoundError as err:
-        parser.error(str(err))
+        return fail("gaca-audit", str(err))
     if not rows:
-        parser.error("no step rows in the given episodes")
+        return fail("gaca-audit", "no step rows in the given episodes")
     if lone_rollouts(rows):
-        parser.error(lone_rollouts(rows))
+        return fail("gaca-audit", lone_rollouts(rows))
     result = audit(rows, args.similarity)
     out = args.out or (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
     out.mkdir(parents=True, exist_ok=True)

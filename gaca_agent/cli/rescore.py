@@ -10,6 +10,7 @@ from gaca_agent.analysis import rescore as _module
 from gaca_agent.analysis.audit import lone_rollouts
 from gaca_agent.analysis.rescore import (markdown, parse_params, plot, rescore, rollout_files,
                                          step_rows)
+from gaca_agent.cli import fail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
     unknown = [e for e in estimators if e not in names()]
     if unknown:
-        parser.error(f"unknown estimator(s) {unknown}; valid: {names()}")
+        return fail("gaca-rescore", f"unknown estimator(s) {unknown}; valid: {names()}")
     try:
         params = parse_params(args.params)
         files, source = rollout_files(args.path, args.iteration)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(lone_rollouts(rows))
         result = rescore(rows, source, estimators, params, args.anchor)
     except (ValueError, FileNotFoundError, TypeError, KeyError) as err:
-        parser.error(str(err))
+        return fail("gaca-rescore", str(err))
     out = args.out or (args.path if args.path.is_dir() else args.path.parent) / "rescore"
     out.mkdir(parents=True, exist_ok=True)
     result["source"] = {**source, "files": [str(f) for f in files]}

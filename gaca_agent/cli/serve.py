@@ -11,8 +11,11 @@ from gaca_agent.serving.app import ChatModel, make_server
 from gaca_agent.serving.protocol import APIError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gaca-serve", description=_module.__doc__,
+PROG = "gaca-serve"
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=_module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="hf:PATH, a model folder, or smollm2")
     parser.add_argument("--name", help="the served model name (default: as given)")
@@ -33,38 +36,46 @@ def main(argv: list[str] | None = None) -> int:
                         help="completion length when a request gives none")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"],
                         help="INFO: a line per request taken and answered (id, tokens, time)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(message)s")
-    from gaca_agent.runs.progress import quiet_libraries
+    return parser
 
-    quiet_libraries()  # its own lines only: no "Loading weights" bar
-    from gaca_agent.cli import fail
+
+def inputs(args) -> tuple[str, list[tuple[str, str]]]:
+    """The model folder and the (name, path) LoRA adapters; raises InputError."""
     from gaca_agent.config.checks import InputError, check_model
 
     path = args.model[3:] if args.model.startswith("hf:") else args.model
-    try:
-        check_model(path)
-    except InputError as err:
-        return fail("gaca-serve", err)
-    if args.model == "smollm2":
-        from gaca_agent.policies.smollm2 import smollm2_path
-
-        path = str(smollm2_path())
+    check_model(path)
     loras = []
     for spec in args.lora:
         name, sep, lora_path = spec.partition("=")
         if not sep or not name or not lora_path:
-            parser.error(f"--lora takes NAME=PATH, got {spec!r}")
+            raise InputError(f"--lora takes NAME=PATH, got {spec!r}")
         loras.append((name, lora_path))
+    if args.model == "smollm2":
+        from gaca_agent.policies.smollm2 import smollm2_path
+
+        path = str(smollm2_path())
+    return path, loras
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gaca_agent.cli import fail
+    from gaca_agent.config.checks import InputError
+    from gaca_agent.runs.progress import quiet_libraries
+
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(message)s")
+    quiet_libraries()  # its own lines only: no "Loading weights" bar
     try:
+        path, loras = inputs(args)
         model = ChatModel(path, args.name or args.model, device=args.device, dtype=args.dtype,
                           max_queue=args.max_queue, max_batch=args.max_batch,
                           max_tokens=args.max_tokens)
         for name, lora_path in loras:
             model.adapters.load(name, lora_path)
         server = make_server(model, args.host, args.port, args.api_key)
-    except (ValueError, OSError, APIError) as err:
-        parser.exit(2, f"gaca-serve: {err}\n")
+    except (InputError, ValueError, OSError, APIError) as err:
+        return fail(PROG, err)
     print(f"OpenAI-compatible server on http://{args.host}:{server.server_port}/v1 "
           f"(models: {', '.join(model.adapters.names())})", flush=True)
     try:

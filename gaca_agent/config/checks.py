@@ -206,7 +206,8 @@ def check_env_builds(env_id: str, kwargs: dict[str, Any],
         if os.environ.get("GACA_TRACEBACK"):
             raise
         text = " ".join(str(err).split()) or type(err).__name__
-        raise InputError(f"env {env_id} with {kwargs}: {text}") from None
+        where = f"env {env_id}" + (f" with {kwargs}" if kwargs else "")
+        raise InputError(f"{where}: {text}") from None
 
 
 def check_run_inputs(env_id: str, env_kwargs: Sequence[dict[str, Any]], *,
