@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import socket
@@ -154,10 +155,10 @@ def check_model(name: str) -> None:
     if name == "tiny":
         return
     if name == "smollm2":
-        from gaca_agent.policies.smollm2 import gguf_file
+        from gaca_agent.policies.smollm2 import converted, gguf_file
 
         try:
-            gguf_file()
+            converted() or gguf_file()  # converted once, or convertible now
         except (ImportError, FileNotFoundError) as err:
             raise InputError(str(err)) from None
         return

@@ -27,11 +27,20 @@ def gguf_file() -> Path:
     return path
 
 
-def smollm2_path() -> Path:
-    """A plain transformers checkpoint of SmolLM2-135M-Instruct (converted once)."""
+def converted() -> Path | None:
+    """The checkpoint a first use converted, if there is one."""
     out = cache_dir("smollm2") / "SmolLM2-135M-Instruct"
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
+    return None
+
+
+def smollm2_path() -> Path:
+    """A plain transformers checkpoint of SmolLM2-135M-Instruct (converted once)."""
+    done = converted()
+    if done is not None:
+        return done
+    out = cache_dir("smollm2") / "SmolLM2-135M-Instruct"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = gguf_file()
