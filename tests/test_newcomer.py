@@ -400,3 +400,7 @@ def test_the_readme_training_override_runs():
     assert cfg.algo.estimator == "gigpo" and set(cfg.algo.params) == {"gamma", "omega"}
     assert cfg.learner.lr == pytest.approx(3e-4)
     np.testing.assert_equal(cfg.algo.params["gamma"], 0.95)
+    # parameters the command line gives are the user's: never dropped, still checked
+    for given in (["algo.params={kappa: 1.0}"], ["algo.params.kappa=1.0"]):
+        with pytest.raises((TypeError, ValueError), match="kappa"):
+            load_config("default", ["algo.estimator=gigpo", *given])

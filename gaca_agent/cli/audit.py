@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail("gaca-audit", str(err))
     if not rows:
         return fail("gaca-audit", "no step rows in the given episodes")
-    if lone_rollouts(rows):
-        return fail("gaca-audit", lone_rollouts(rows))
+    lone = lone_rollouts(rows)
+    if lone:
+        return fail("gaca-audit", lone)
     result = audit(rows, args.similarity)
     out = args.out or (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
     out.mkdir(parents=True, exist_ok=True)

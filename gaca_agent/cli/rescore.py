@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = step_rows(files)
         if not rows:
             raise ValueError("no step rows in these episodes")
-        if lone_rollouts(rows):
-            raise ValueError(lone_rollouts(rows))
+        lone = lone_rollouts(rows)
+        if lone:
+            raise ValueError(lone)
         result = rescore(rows, source, estimators, params, args.anchor)
     except (ValueError, FileNotFoundError, TypeError, KeyError) as err:
         return fail("gaca-rescore", str(err))

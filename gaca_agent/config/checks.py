@@ -122,14 +122,16 @@ def check_env(env_id: str, kwargs: dict[str, Any], *, expert: bool = False,
 
 
 def _check_requires(env_id: str) -> None:
-    from gaca_envs.registration import SPECS
+    from gaca_envs.registration import spec_of
 
-    for spec in SPECS:
-        if spec.id == env_id:
-            missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
-            if missing:
-                raise InputError(f"env {env_id} needs the Python modules {', '.join(missing)}"
-                                 " (see docs/install.md for its extra)")
+    try:
+        requires = spec_of(env_id).requires
+    except KeyError:
+        return  # not a gaca/ id: its own module said what it needs when it was imported
+    missing = [m for m in requires if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"env {env_id} needs the Python modules {', '.join(missing)}"
+                         " (see docs/install.md for its extra)")
 
 
 def check_policy(spec: str, kwargs: dict[str, Any]) -> None:

@@ -161,12 +161,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def _keep_params_of_new_estimator(data: dict[str, Any], overrides: list[str]) -> None:
     """``algo.estimator=X`` on the command line: the file's estimator parameters that X
     does not take are dropped, and a line on stderr names them (parameters given as
-    overrides are always kept, and checked)."""
+    overrides, one by one or as ``algo.params=...``, are always kept, and checked)."""
     import dataclasses
     import sys
 
     from gaca_agent.advantages.registry import get
 
+    if any(o.startswith("algo.params=") for o in overrides):
+        return  # the command line gave the whole mapping: nothing in it is the file's
     algo = data.get("algo") or {}
     try:
         valid = {f.name for f in dataclasses.fields(get(algo.get("estimator")).config)}

@@ -61,7 +61,7 @@ class OpenAIPolicy:
                 _, pending = wait(futures, timeout=self.report_s)
                 if not pending:
                     return [f.result() for f in futures]
-                oldest = turns[futures.index(min(pending, key=futures.index))]
+                oldest = next(t for t, f in zip(turns, futures) if f in pending)
                 print(f"waiting on {self.url}: {len(pending)} of {len(turns)} requests "
                       f"unanswered after {time.monotonic() - start:.0f} s (the oldest: step "
                       f"{oldest.step} of {oldest.task[:60]!r})", file=sys.stderr, flush=True)

@@ -331,22 +331,8 @@ def _parse_args(argv: list[str] | None):
     return p, args, kwargs
 
 
-def port_in_use(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on (in use, no such address), or None."""
-    import socket
-
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-            sock.bind((host, port))
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
-    from gaca_envs.net import is_loopback
+    from gaca_envs.net import is_loopback, port_in_use
 
     p, args, kwargs = _parse_args(argv)
     if not is_loopback(args.host) and not args.token:
