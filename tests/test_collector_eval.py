@@ -97,7 +97,8 @@ def test_killed_worker_is_restarted_and_its_episodes_marked_failed():
                                      workers=2, max_live_envs=4, timeout_s=30,
                                      invalid_penalty=0.0))
     try:
-        episodes = collector.run(KillOnce(collector), [(k, k) for k in range(6)], 1).episodes
+        rollout = collector.run(KillOnce(collector), [(k, k) for k in range(6)], 1)
+        episodes = rollout.episodes
         restarts = collector.pool.restarts
         again = collector.run(make_policy("expert"), [(0, 0)], 1).episodes
     finally:
@@ -107,6 +108,10 @@ def test_killed_worker_is_restarted_and_its_episodes_marked_failed():
     assert failed and all("died" in e.error for e in failed)
     assert all(e.won for e in episodes if not e.failed)
     assert again[0].won  # the restarted worker serves new episodes
+    # the learner trains on the whole episodes only: a failed one's partial rows are out
+    train = rollout.training_table()
+    assert len(train) == sum(e.length for e in episodes if not e.failed) < len(rollout.table)
+    assert not train["failed"].any()
 
 
 def test_eval_all_covers_each_task_once_and_resumes(tmp_path):

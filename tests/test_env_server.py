@@ -39,6 +39,23 @@ def http(url, method="GET", body=None, token=None, raw=None):
         return err.code, json.loads(err.read() or b"null")
 
 
+def chunked_post(url, chunks, token):
+    """POST ``chunks`` with chunked transfer encoding (no Content-Length)."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("POST", parts.path, body=iter(chunks), encode_chunked=True,
+                     headers={"Content-Type": "application/json",
+                              "Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
 def play_both(local, remote, seed, task_id, steps, rng):
     """Reset both on (seed, task) and step both with the same actions (admissible ones,
     one that is not, and steps after the end); every return value must be equal."""
@@ -164,6 +181,22 @@ def test_sessions_are_bounded_closed_and_reaped():
         stop_env_server(proc)
 
 
+def test_closing_a_session_closes_its_env():
+    from gaca_envs.remote.service import ServeSettings, make_environment_class
+
+    env_class = make_environment_class(ServeSettings("gaca/Diag-Corridor-v0",
+                                                     {"split": "test"}))[0]
+    session = env_class()
+    session.reset(seed=0)
+    inner, calls = session._env, []
+    real_close = inner.close
+    inner.close = lambda: (calls.append(1), real_close())
+    session.close()
+    assert calls == [1] and session._env is None
+    session.close()  # a second close is harmless and closes nothing twice
+    assert calls == [1]
+
+
 def test_token_size_limit_and_loopback_rule():
     from gaca_envs.remote.service import main
 
@@ -178,6 +211,14 @@ def test_token_size_limit_and_loopback_rule():
         assert http(url + "/health", token="s3cret")[0] == 200
         status, body = http(url + "/reset", "POST", token="s3cret",
                             raw=json.dumps({"seed": 1, "pad": "x" * 10_000}).encode())
+        assert status == 413 and "4096" in body["detail"]
+        # the limit is exact: 4,096 bytes pass (JSON padded with spaces), 4,097 do not
+        exact = json.dumps({"seed": 1}).encode().ljust(4096)
+        assert http(url + "/reset", "POST", token="s3cret", raw=exact)[0] == 200
+        assert http(url + "/reset", "POST", token="s3cret", raw=exact + b" ")[0] == 413
+        # and it holds for a body sent in chunks, without a Content-Length
+        assert chunked_post(url + "/reset", [exact[:2000], exact[2000:]], "s3cret")[0] == 200
+        status, body = chunked_post(url + "/reset", [exact, b" " * 10], "s3cret")
         assert status == 413 and "4096" in body["detail"]
         with pytest.raises(RemoteEnvError, match="cannot open a session"):
             gym.make("gaca/Remote-v0", url=url).reset(seed=0)

@@ -67,6 +67,9 @@ def test_dual_clip_caps_the_loss_of_negative_advantages():
     loss.backward()
     assert float(loss.detach()) == pytest.approx(3.0 * 2.0) and frac == 1.0
     assert logp.grad[0, 0] == 0  # capped: no gradient
+    two, _ = ppo_clip_loss(logp.detach(), old, torch.tensor([-2.0]), torch.ones(1, 1),
+                           clip_ratio_c=2.0)
+    assert float(two) == pytest.approx(2.0 * 2.0)  # the cap follows c: -c A
     below, _ = ppo_clip_loss(torch.tensor([[math.log(2.0)]]), torch.zeros(1, 1),
                              torch.tensor([-2.0]), torch.ones(1, 1), clip_ratio_c=3.0)
     assert float(below) == pytest.approx(2.0 * 2.0, rel=1e-5)  # under the cap: unchanged
@@ -210,16 +213,6 @@ def test_config_rejects_bad_values():
         LearnerConfig(old_logprobs="fresh")
 
 
-def full_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
-    """Reference: log-softmax over the full vocabulary of one teacher-forced pass."""
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].double()
-    t = temperature if temperature > 0 else 1.0
-    return (logits / t).log_softmax(-1).gather(
-        -1, torch.tensor(list(completion_ids))[:, None]).squeeze(-1)
-
-
 def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_path):
     """The learner's chunked output layer (tiny chunks here) gives the log-probs and
     entropies of the plain full-vocabulary computation, and the same gradients."""
@@ -250,6 +243,14 @@ def test_memory_bounded_learner_logprobs_equal_the_full_computation(tiny_model_p
     (ref * batch["mask"]).sum().backward()
     m = batch["mask"].bool()
     assert torch.allclose(logp[m], ref[m], atol=1e-5)
+    # and each row equals an independent teacher-forced pass over its own tokens
+    from conftest import full_logprobs
+
+    for row, i in enumerate(sampled_rows(data)):
+        exact = full_logprobs(model, table["prompt_ids"][i], table["completion_ids"][i], 0.7)
+        n = len(exact)
+        assert int(m[row].sum()) == n
+        assert torch.allclose(logp[row][m[row]].double(), exact, atol=1e-5), row
     assert torch.allclose(ent[m], ref_ent[m], atol=1e-5)
     for k, p in model.named_parameters():
         assert torch.allclose(grads[k], p.grad, rtol=1e-5, atol=1e-5), k
@@ -276,3 +277,46 @@ def test_bf16_keeps_fp32_masters_so_small_steps_are_not_lost(tiny_model_path):
     cosine = float(torch.nn.functional.cosine_similarity(full, half, dim=0))
     assert abs(size - 1) < 0.01 and cosine > 0.99, (size, cosine)
 
+
+
+def exact_table(learner, table, shift):
+    """``table`` with rollout log-probs equal to the learner's own plus ``shift``."""
+    from conftest import full_logprobs
+    from gaca_agent.steps import StepTable
+
+    exact = [full_logprobs(learner.unwrapped, table["prompt_ids"][i], table["completion_ids"][i])
+             .numpy() + shift for i in range(len(table))]
+    return StepTable.from_tokens(list(table["prompt_ids"]), list(table["completion_ids"]), exact)
+
+
+def test_learner_applies_the_dual_clip(tiny_model_path):
+    """Ratio 5 on every token with advantage -2: the dual clip c = 3 caps each token's
+    loss at -c A = 6, every token counts as clipped, and nothing moves (no gradient)."""
+    import math
+
+    import numpy as np
+
+    learner, tok = make_learner(tiny_model_path, clip_ratio_c=3.0, kl_coef=0.0)
+    table, _ = samples(tok, n=4)
+    table = exact_table(learner, table, -math.log(5.0))
+    before = params(learner.unwrapped)
+    metrics = learner.update(table, np.full(4, -2.0))
+    assert metrics["losses/policy"] == pytest.approx(6.0, rel=1e-4)
+    assert metrics["losses/clip_frac"] == 1.0
+    after = params(learner.unwrapped)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_kl_penalty_pulls_the_policy_back_to_its_reference(tiny_model_path):
+    """All advantages 0 and a reference moved away from the policy: the only gradient is
+    the KL term's, so the logged KL falls update after update."""
+    import numpy as np
+
+    learner, tok = make_learner(tiny_model_path, kl_coef=1.0, lr=1e-3)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in learner.ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    table, _ = samples(tok)
+    kls = [learner.update(table, np.zeros(len(table)))["losses/kl"] for _ in range(3)]
+    assert kls[0] > 0 and kls[1] < kls[0] and kls[2] < kls[1], kls

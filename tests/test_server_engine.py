@@ -261,6 +261,8 @@ def test_truncated_importance_sampling(tiny_model_path, cap):
         assert metrics["train/is_ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-3)
         assert metrics["train/is_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-3)
         assert metrics["train/rollout_logprob_gap"] == pytest.approx(0.5, rel=1e-3)
+        # recompute: the ratio is the learner's own (1), never the rollout's e^0.5
+        assert metrics["losses/clip_frac"] == 0
         grads[c] = seen
     if cap is None:
         return

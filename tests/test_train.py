@@ -70,6 +70,10 @@ def test_config_errors_list_valid_keys(tmp_path):
     ("learner.bf16=maybe", "learner.bf16 must be true or false"),
     ("env.eval_episodes=0", "env.eval_episodes must be 'all' or >= 1"),
     ("iterations=0", "iterations must be >= 1"),
+    ("model.temperature=-1", "model.temperature and model.eval_temperature must be >= 0"),
+    ("model.eval_temperature=-0.5", "model.temperature and model.eval_temperature must be"),
+    ("env.reward_scale=0", "env.reward_scale must be > 0, got 0"),
+    ("env.reward_scale=-2", "env.reward_scale must be > 0, got -2"),
 ])
 def test_config_values_are_checked_at_load_time_naming_the_key(override, message):
     from gaca_agent.config import load_config
@@ -189,3 +193,11 @@ def test_default_config_beats_its_warm_up_on_held_out_tasks(tmp_path):
     final = rows[max(rows)]["eval/success"]
     assert final >= warm + 0.3, (warm, final)
     assert rows[max(rows)]["rollout/format_invalid"] < 0.2
+    # each iteration's logged rollout success is its stored rollouts' share of wins
+    for it in range(max(rows) + 1):
+        episodes = [json.loads(x) for f in (tmp_path / "default" / "rollouts").glob(
+            f"iter-{it:05d}.*") for x in gzip.open(f, "rt")]
+        assert episodes, it
+        won = sum(bool(e["won"]) for e in episodes) / len(episodes)
+        assert rows[it]["rollout/success"] == pytest.approx(won), it
+    assert rows[max(rows)]["rollout/success"] > rows[0]["rollout/success"]

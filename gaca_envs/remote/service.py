@@ -246,25 +246,29 @@ class Guard:
                 return await self._refuse(send, 400, "bad Content-Length")
             if too_big:
                 return await self._refuse(send, 413, f"request body over {self.max_body} bytes")
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        # read the whole body here (it is bounded): the limit then holds for bodies sent
+        # without a Content-Length (chunked), which the app would report as unparsable
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise _TooLarge()
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away before its body was complete
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_body:
+                return await self._refuse(send, 413, f"request body over {self.max_body} bytes")
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            return await self.app(scope, limited, send)
-        except _TooLarge:
-            return await self._refuse(send, 413, f"request body over {self.max_body} bytes")
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-
-class _TooLarge(Exception):
-    pass
+        return await self.app(scope, replay, send)
 
 
 def build_app(settings: ServeSettings, *, max_sessions: int = 64,
