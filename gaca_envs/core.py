@@ -68,14 +68,34 @@ def normalize_action(action: Any) -> str:
     return " ".join(action.split()).lower()
 
 
+#: ASCII spellings of the punctuation and symbols product and game texts use.
+_ASCII_SPELLING = str.maketrans({
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2043\ufe58\ufe63\uff0d", "-"),
+    **dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u2035", "'"),
+    **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u2036\u00ab\u00bb", '"'),
+    **dict.fromkeys("\u2022\u00b7\u2027\u2219\u25cf\u25e6", "*"),
+    **dict.fromkeys("\u200b\u200c\u200d\u2060\ufeff\u00ad", ""),
+    "\u2044": "/", "\u00d7": "x", "\u00f7": "/", "\u00b1": "+/-", "\u00b0": " deg",
+    "\u20ac": "EUR", "\u00a3": "GBP", "\u00a5": "JPY", "\u00a2": "c", "\u00a9": "(c)",
+    "\u00ae": "(R)", "\u2192": "->", "\u2190": "<-", "\u2264": "<=", "\u2265": ">=",
+    "\u2248": "~", "\u2260": "!=", "\u2026": "...", "\u00bf": "?", "\u00a1": "!",
+    "\u00df": "ss", "\u00e6": "ae", "\u00c6": "AE", "\u0153": "oe", "\u0152": "OE",
+    "\u00f8": "o", "\u00d8": "O", "\u0142": "l", "\u0141": "L", "\u00f0": "d",
+    "\u00fe": "th", "\u203a": ">", "\u2039": "<",
+})
+
+
 def to_charset(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
     """Return ``text`` inside :data:`TEXT_CHARSET` and ``limit`` characters.
 
-    Accented letters lose their accents (NFKD); any other character outside the charset
-    becomes ``?``. Pure-ASCII text (the usual case) is returned unchanged.
+    Punctuation and symbols take their usual ASCII spelling (``–`` and ``—`` become
+    ``-``, curly quotes straight ones, ``€`` ``EUR``; :data:`_ASCII_SPELLING`), accented
+    letters lose their accents and compatibility forms decompose (NFKD: ``™`` is ``TM``);
+    any other character outside the charset becomes ``?``. Pure-ASCII text (the usual
+    case) is returned unchanged.
     """
     if not (text.isascii() and all(c in _CHARSET_SET for c in text)):
-        text = unicodedata.normalize("NFKD", text)
+        text = unicodedata.normalize("NFKD", text).translate(_ASCII_SPELLING)
         text = "".join(c if c in _CHARSET_SET else ("" if unicodedata.combining(c) else "?")
                        for c in text)
     if len(text) > limit:
@@ -233,6 +253,12 @@ class TextEnv(gym.Env[str, str]):
         admissible now (parametric envs such as WebShop's ``search[...]`` override)."""
         return self._shown.get(action)
 
+    def _listed_form(self, raw: str, normalised: str) -> str:
+        """How ``info["admissible_actions"]`` writes an action: normalised (lower case,
+        whitespace collapsed, ASCII) unless the simulator's own listing spells it
+        otherwise (WebShop keeps its spaces). Either form is accepted."""
+        return normalised
+
     # ----------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -291,11 +317,14 @@ class TextEnv(gym.Env[str, str]):
         obs = to_charset(sim.observation)
         key = sim.state_key if self.anchor == "state" else observation_key(obs)
         raw_actions = () if sim.terminated else sim.admissible_actions
-        self._shown = {}
+        self._shown, listed = {}, []
         for raw in raw_actions:
-            self._shown.setdefault(normalize_action(to_charset(raw, MAX_ACTION_CHARS)), raw)
+            shown = normalize_action(to_charset(raw, MAX_ACTION_CHARS))
+            if shown not in self._shown:
+                self._shown[shown] = raw
+                listed.append(self._listed_form(raw, shown))
         info = {
-            "admissible_actions": tuple(self._shown),
+            "admissible_actions": tuple(listed),
             "state_key": key,
             "task": self._sim_task(self._task_id),
             "task_id": self._task_id,

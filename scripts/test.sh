@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what the tests need (into .venv) and run pytest. Extra args go to pytest.
+# Install what the tests need (into .venv) and run pytest. Extra args go to pytest
+# (a later -m overrides the slow filter: -m slow runs only the slow ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev,docs}"
@@ -19,4 +20,10 @@ fi
 export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1
 # CI keeps the real data sets (ALFWorld games, WebShop files) beside the clone
 if [ -z "${GACA_DATA:-}" ] && [ -d ../shared/data ]; then export GACA_DATA="$(cd ../shared/data && pwd)"; fi
-python -m pytest "$@"
+# Two workers (pytest-xdist; GACA_TEST_WORKERS=0 runs in one process). Tests marked slow
+# run only with GACA_TEST_SLOW=1 (CI sets it); the 15 slowest are listed at the end.
+WORKERS="${GACA_TEST_WORKERS:-2}"
+ARGS=(--durations=15)
+if [ "$WORKERS" != 0 ]; then ARGS+=(-n "$WORKERS"); fi
+if [ "${GACA_TEST_SLOW:-0}" != 1 ]; then ARGS+=(-m "not slow"); fi
+python -m pytest "${ARGS[@]}" "$@"

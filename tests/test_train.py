@@ -183,6 +183,7 @@ def test_unequal_shares_across_ranks_finish_in_sync(tmp_path, tiny_model_path, l
     assert ranks[0]["metrics"][0]["train/tokens"] == 20 + 2  # both ranks' rows, once each
 
 
+@pytest.mark.slow  # about 2.5 minutes on 2 cores: CI runs it
 def test_default_config_beats_its_warm_up_on_held_out_tasks(tmp_path):
     """The embedded default, as shipped (iteration-bounded, not timed)."""
     run = run_train(["--config", str(DEFAULT), f"out_dir={tmp_path}",

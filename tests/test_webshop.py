@@ -289,8 +289,13 @@ def tiny_shop(tmp_path, **kwargs):
             "full_description": "A band.", "small_description": ["Fits size 9 wrists"],
             "pricing": "$12.00", "images": [""], "category": "beauty", "query": "watch band",
             "product_category": "Beauty › Bands", "customization_options": {}}]
-    attrs = {a: {"attributes": ["band"], "instruction": "i want a watch band",
-                 "instruction_attributes": ["band"]} for a in ("B0000000AA", "B0000000BB")}
+    return shop_of(tmp_path, raw, "band", **kwargs)
+
+
+def shop_of(tmp_path, raw, attribute, **kwargs):
+    """A WebShop env on the products ``raw`` (WebShop's raw format), each with one goal."""
+    attrs = {p["asin"]: {"attributes": [attribute], "instruction": f"i want a {p['query']}",
+                         "instruction_attributes": [attribute]} for p in raw}
     (tmp_path / "items.json").write_text(json.dumps(raw))
     (tmp_path / "attrs.json").write_text(json.dumps(attrs))
     return gym.make("gaca/WebShop-v0", catalog=str(tmp_path / "items.json"),
@@ -310,7 +315,9 @@ def test_option_values_with_slashes_and_accents_are_clickable(tmp_path):
     obs, _, _, _, info = open_item(env)
     # WebShop renders "Black / White" as "black  |  white" (two spaces each side)
     assert "black  |  white" in obs and "creme" in obs and "crème" not in obs
-    assert "click[black | white]" in info["admissible_actions"]
+    # listed as WebShop lists it (its text env accepts only this form), spaces kept
+    assert "click[black  |  white]" in info["admissible_actions"]
+    assert "click[black | white]" not in info["admissible_actions"]
     assert "click[creme]" in info["admissible_actions"]  # what the agent is shown
     for action in ("click[black | white]", "click[black  |  white]", "click[BLACK |  White]"):
         open_item(env)
@@ -328,7 +335,7 @@ def test_item_page_lists_buttons_first_as_webshop(tmp_path):
     _, _, _, _, info = open_item(env)
     assert info["admissible_actions"] == (
         "click[back to search]", "click[< prev]", "click[description]", "click[features]",
-        "click[reviews]", "click[buy now]", "click[black | white]", "click[creme]")
+        "click[reviews]", "click[buy now]", "click[black  |  white]", "click[creme]")
     assert info["task_type"] == "fashion"  # the goal product's category
 
 
@@ -360,3 +367,71 @@ def test_one_action_length_limit_for_text_env_and_site(tmp_path):
     too_long = "search[" + "a" * (MAX_WEBSHOP_ACTION_CHARS - 7) + "]"
     assert env.unwrapped.session.resolve(too_long) is None
     assert env.step(too_long)[4]["action_valid"] is False
+
+
+def candle_shop(tmp_path, **kwargs):
+    """A product whose style option is called "Features" (a sub-page's name), whose title
+    has an en dash and a trade mark, and whose last bullet is empty."""
+    raw = [{"asin": "B0000000CC", "name": "Acme Candle \u2013 8 oz\u2122",
+            "full_description": "A candle.", "small_description": ["Soft", ""],
+            "pricing": "$9.00", "images": [""], "category": "garden", "query": "candle",
+            "product_category": "Garden \u203a Candles",
+            "customization_options": {"Style": [{"value": "Features"},
+                                                {"value": "Plain"}]}}]
+    return shop_of(tmp_path, raw, "candle", **kwargs)
+
+
+def open_candle(env):
+    env.reset(options={"task_id": 0})
+    env.step("search[acme candle]")
+    return env.step("click[b0000000cc]")
+
+
+def test_an_option_named_like_a_sub_page_opens_the_sub_page_as_in_webshop(tmp_path):
+    """WebShop's server acts on the name before the kind of clickable: click[features]
+    opens the Features page even where a style option is called "Features" (which can
+    therefore never be chosen); the other option of that style still can."""
+    env = candle_shop(tmp_path)
+    _, _, _, _, info = open_candle(env)
+    assert info["admissible_actions"].count("click[features]") == 1
+    obs, reward, done, _, info = env.step("click[features]")
+    page = env.unwrapped.session.page
+    assert info["action_valid"] and page.kind == "sub" and page.sub == "Features"
+    assert page.options == () and reward == 0 and not done
+    env.step("click[< prev]")
+    env.step("click[plain]")
+    assert env.unwrapped.session.page.options == (("style", "plain"),)
+
+
+def test_text_modes_keep_webshop_spaces_and_empty_pieces(tmp_path):
+    """The text nodes of WebShop's templates: "Instruction: " on the search page, a space
+    before each bullet, an empty bullet kept as an empty piece; punctuation in ASCII."""
+    rich = candle_shop(tmp_path, observation_mode="text_rich")
+    obs, _ = rich.reset(options={"task_id": 0})
+    goal = rich.unwrapped.session.goal["instruction_text"]
+    assert obs == f"WebShop\nInstruction: \n{goal}\n[button] Search [button_]\n"
+    obs, *_ = open_candle(rich)
+    assert "\nAcme Candle - 8 ozTM\n" in obs and "?" not in obs  # was "Candle ? 8 ozTM"
+    obs, *_ = rich.step("click[features]")
+    assert obs.endswith("[button] < Prev [button_]\n Soft\n \n")
+    plain = candle_shop(tmp_path)
+    open_candle(plain)
+    obs, *_ = plain.step("click[features]")
+    assert obs.endswith("[SEP] < Prev [SEP] Soft [SEP] ")
+
+
+def test_done_page_reads_as_webshop_text_env_reads_it(tmp_path):
+    """WebShop's done page hides a block with CSS that its text modes still read; the
+    template gets no code, goal or reward details, so they read None or nothing."""
+    env = candle_shop(tmp_path)
+    open_candle(env)
+    env.step("click[plain]")
+    obs, reward, done, _, _ = env.step("click[buy now]")
+    assert done and obs == (
+        "Thank you for shopping with us! [SEP] Your code: [SEP] None [SEP] (Paste it in "
+        "your MTurk interface.) [SEP] Purchased [SEP] asin [SEP] B0000000CC [SEP] options "
+        '[SEP] {"style": "plain"} [SEP] attrs [SEP] None [SEP] category [SEP] None [SEP] '
+        "query [SEP] None [SEP] product category [SEP] None [SEP] Target [SEP] asin [SEP] "
+        "options [SEP] attrs [SEP] price upper [SEP] instuction text [SEP] category [SEP] "
+        "product category [SEP] query [SEP] Goal [SEP] None [SEP] Reward [SEP] Your score "
+        f"(min 0.0, max 1.0) [SEP] {reward} [SEP] Reward Details [SEP] None")

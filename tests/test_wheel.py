@@ -79,6 +79,7 @@ def test_gaca_train_runs_the_shipped_default_config(installed, tmp_path):
     assert listed.returncode == 2 and "paper/alfworld_qwen2_5_1_5b_gigpo" in listed.stderr
 
 
+@pytest.mark.slow  # about 5 minutes on 2 cores: CI runs it
 def test_reduced_study_runs_every_estimator_to_finite_metrics(installed, tmp_path):
     """``gaca-study --preset ci`` from the wheel: every estimator, 2 seeds, finite
     metrics, plots, per-step colours, and a rerun that resumes by skipping every run."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gaca_envs.core import Anchor, SimStep, TextEnv
-from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, Session, observe
+from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, to_charset
+from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, SPECIAL_CLICKS, Session, observe
 from gaca_envs.webshop.world import GoalSource, World, WorldConfig, load_world
 
 OBSERVATION_MODES = ("text", "text_rich", "html")
@@ -32,14 +32,21 @@ class WebShopEnv(TextEnv):
     ``search[<query>]`` (any query) on the search page only, else the page's buttons,
     then product links, then option values.
 
-    Differences from WebShop, and why: a click also matches with collapsed whitespace
-    (WebShop renders ``Black / White`` as ``black  |  white``, which an agent copying a
-    normalised action could never type) and in the ASCII form the observation shows
-    (``crème`` is shown, listed and accepted as ``creme``; ``click[crème]`` works too).
+    Options are listed with WebShop's spaces (``click[black  |  white]`` for ``Black /
+    White``). A name WebShop's server acts on wins over the kind of clickable: where an
+    option is called ``Features``, ``click[features]`` opens the Features page.
+
+    Differences from WebShop, and why: text is printable ASCII, the observation space's
+    charset (punctuation in its ASCII spelling, ``–`` as ``-`` and ``™`` as ``TM``;
+    ``crème`` is shown, listed and accepted as ``creme``; ``click[crème]`` works too); a
+    click also matches with collapsed whitespace (``click[black | white]``), which an
+    agent copying a normalised action would type.
 
     ## Observation Space
     ``observation_mode``: ``text`` (visible texts joined by ``[SEP]``), ``text_rich``
-    (``[button] ... [button_]`` marks, one piece a line) or ``html``.
+    (``[button] ... [button_]`` marks, one piece a line) or ``html``;
+    the pieces are the text nodes of WebShop's templates, spaces and empty pieces kept, and
+    the done page includes the block WebShop hides with CSS (its text modes read it).
 
     ## Starting State
     The search page of goal ``k`` of the split (``options={"task_id": k}``), else a goal
@@ -115,6 +122,11 @@ class WebShopEnv(TextEnv):
     def _resolve(self, action: str) -> str | None:
         return None if self.session is None else self.session.resolve(action)
 
+    def _listed_form(self, raw: str, normalised: str) -> str:
+        """WebShop's spelling, spaces kept (``click[black  |  white]``, as WebShop lists
+        it; the collapsed form is accepted too), in ASCII."""
+        return to_charset(raw, MAX_ACTION_CHARS)
+
     def _sim_step(self, action: str) -> SimStep:
         assert self.session is not None
         if action.startswith("search["):
@@ -162,8 +174,8 @@ class WebShopEnv(TextEnv):
                   else goal["goal_options"])
         chosen = {v for _, v in page.options}
         clickables = s.clickables()
-        for value in wanted:
-            if value not in chosen and value in clickables:
+        for value in wanted:  # (an option spelled like a button cannot be chosen)
+            if value not in chosen and value in clickables and value not in SPECIAL_CLICKS:
                 return f"click[{value}]"
         return f"click[{BUY}]"
 

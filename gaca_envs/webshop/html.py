@@ -38,10 +38,17 @@ def render_html(session: Session, session_id: str = "session") -> str:
     i = 0
     while i < len(elements):
         kind, text = elements[i]
-        if text == "Instruction:" and i + 1 < len(elements):
-            parts.append(f'<div id="instruction-text"><h4>Instruction:<br>'
+        if text.strip() == "Instruction:" and i + 1 < len(elements):
+            parts.append(f'<div id="instruction-text"><h4>{escape(text)}<br>'
                          f'{escape(elements[i + 1][1])}</h4></div>')
             i += 2
+            continue
+        if kind == "hidden":  # WebShop hides these with CSS; its text modes still read them
+            run = []
+            while i < len(elements) and elements[i][0] == "hidden":
+                run.append(f"<p>{escape(elements[i][1])}</p>")
+                i += 1
+            parts.append(f'<div style="display:none">{"".join(run)}</div>')
             continue
         if kind == "button" and session.page.kind == "search":
             parts.append(f'<form method="post" action="/act/{escape(quote(session_id))}">'
@@ -72,7 +79,8 @@ def render_html(session: Session, session_id: str = "session") -> str:
 
 
 def elements_from_html(html: str) -> list[Element]:
-    """The visible pieces of a page, classified as WebShop's text converter does."""
+    """The pieces of a page :func:`render_html` drew (every text node, classified as
+    WebShop's text converter does; text in a ``display:none`` block is ``hidden``)."""
     from bs4 import BeautifulSoup
     from bs4.element import Comment
 
@@ -80,10 +88,13 @@ def elements_from_html(html: str) -> list[Element]:
     hidden = {"style", "script", "head", "title", "meta", "[document]"}
     out: list[Element] = []
     for node in soup.find_all(string=True):
-        if isinstance(node, Comment) or node.parent.name in hidden or not node.strip():
+        if isinstance(node, Comment) or node.parent.name in hidden:
             continue
         parent = node.parent
-        if parent.name == "button":
+        if any("display:none" in (p.get("style") or "").replace(" ", "")
+               for p in node.parents if p.name == "div"):
+            kind = "hidden"
+        elif parent.name == "button":
             kind = "button"
         elif parent.name == "label":
             kind = "label"

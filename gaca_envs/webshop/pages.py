@@ -21,10 +21,13 @@ BUY, NEXT, PREV, BACK = "buy now", "next >", "< prev", "back to search"
 SUB_PAGES = ("Description", "Features", "Reviews", "Attributes")
 #: The longest action the text env and the local site accept (longer ones are invalid).
 MAX_WEBSHOP_ACTION_CHARS = 2000
+#: Names WebShop's server acts on whatever kind of clickable carries them (``next >`` only
+#: on a results page): an option with such a value cannot be chosen there either.
+SPECIAL_CLICKS = frozenset({BUY, BACK, PREV, *(s.lower() for s in SUB_PAGES)})
 _ACTION_RE = re.compile(r"^(search|click)\[(.*)\]$", re.DOTALL)
 
 PageKind = Literal["search", "results", "item", "sub", "done"]
-Element = tuple[str, str]  # (kind: text|button|label|link, text)
+Element = tuple[str, str]  # (kind: text|button|label|link|hidden, text)
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,14 @@ class Session:
             self.page = Page("results", tuple(arg.split(" ")), 1)
             return 0.0
         kind, option_name = self.clickables()[arg]
+        # WebShop dispatches on the name before the kind: an option value spelled like a
+        # button (a style option "Features") does what the button does
+        if arg in SPECIAL_CLICKS or (arg == NEXT and page.kind == "results"):
+            kind = "button"
         if arg == BACK:  # WebShop starts the session over: clicked products are forgotten
             self.page = Page()
             self.clicked = set()
-        elif arg == NEXT:
+        elif arg == NEXT and kind == "button":
             self.page = replace(page, page=page.page + 1)
         elif arg == PREV and page.kind == "results":
             self.page = replace(page, page=page.page - 1)
@@ -194,15 +201,18 @@ class Session:
 
     # ------------------------------------------------------------- renderings
     def elements(self) -> list[Element]:
-        """Visible page pieces in order: (``text``|``button``|``label``|``link``, text)."""
+        """Visible page pieces in order, (``text``|``button``|``label``|``link``|``hidden``,
+        text): the text nodes WebShop's templates make, with their spaces (``Instruction: ``
+        on the search page, a space before each bullet), a node for every piece that is not
+        empty, and the done page's block that WebShop hides with CSS but its text modes
+        read (``hidden``)."""
         p, instruction = self.page, self.goal["instruction_text"]
         if p.kind == "search":
-            return [("text", "WebShop"), ("text", "Instruction:"), ("text", instruction),
+            return [("text", "WebShop"), ("text", "Instruction: "), *_node("text", instruction),
                     ("button", "Search")]
         if p.kind == "done":
-            return [("text", "Thank you for shopping with us!"), ("text", "Your code:"),
-                    ("text", "Your score (min 0.0, max 1.0)"), ("text", f"{self.score}")]
-        out: list[Element] = [("text", "Instruction:"), ("text", instruction),
+            return self._done_elements()
+        out: list[Element] = [("text", "Instruction:"), *_node("text", instruction),
                               ("button", "Back to Search")]
         if p.kind == "results":
             out.append(("text", f"Page {p.page} (Total results: {len(self.results())})"))
@@ -211,42 +221,66 @@ class Session:
             out.append(("button", "Next >"))
             for asin in self.page_results():
                 product = self.products[asin]
-                out += [("link", asin), ("text", product["Title"]), ("text", product["Price"])]
+                out += [("link", asin), *_node("text", product["Title"]),
+                        *_node("text", product["Price"])]
             return out
         product = self.products[p.asin]
         out.append(("button", "< Prev"))
         if p.kind == "item":
             for name, values in product["options"].items():
-                out.append(("text", name))
-                out += [("label", v) for v in values]
-            out += [("text", product["Title"]), ("text", f"Price: {product['Price']}"),
+                out += _node("text", name)
+                out += [e for v in values for e in _node("label", v)]
+            out += [*_node("text", product["Title"]), ("text", f"Price: {product['Price']}"),
                     ("text", f"Rating: {product['Rating']}")]
             out += [("button", s) for s in self.sub_pages()]
             out.append(("button", "Buy Now"))
         elif p.sub == "Description":
-            out.append(("text", product["Description"]))
+            out += _node("text", product["Description"])
         elif p.sub == "Features":
-            out += [("text", b) for b in product["BulletPoints"]]
+            out += [("text", f" {b}") for b in product["BulletPoints"]]
         elif p.sub == "Reviews":
             for r in product["Reviews"]:
-                out += [("text", f'"{r.get("title", "")}"'), ("text", str(r.get("score", ""))),
-                        ("text", r.get("body", ""))]
+                out += [("text", f'"{r.get("title", "")}"'),
+                        *_node("text", str(r.get("score", ""))),
+                        *_node("text", r.get("body", ""))]
         else:
-            out += [("text", a) for a in product["Attributes"]]
+            out += [("text", f" {a}") for a in product["Attributes"]]
         return out
+
+    def _done_elements(self) -> list[Element]:
+        """WebShop's done page as its text env renders it (no code, goal or reward details
+        are passed to the template, so they read ``None`` or nothing)."""
+        chosen = json.dumps(dict(sorted(self.page.options)), sort_keys=True)
+        for char, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                           ("'", "\\u0027")):  # Jinja's tojson, as WebShop's page shows it
+            chosen = chosen.replace(char, code)
+        hidden = ["Purchased", "asin", self.page.asin or "", "options", chosen]
+        for label in ("attrs", "category", "query", "product category"):
+            hidden += [label, "None"]
+        hidden += ["Target", "asin", "options", "attrs", "price upper", "instuction text",
+                   "category", "product category", "query", "Goal ", "None", "Reward"]
+        return [("text", "Thank you for shopping with us!"), ("text", "Your code: "),
+                ("text", "None"), ("text", " (Paste it in your MTurk interface.)"),
+                *[("hidden", h) for h in hidden if h],
+                ("text", "Your score (min 0.0, max 1.0)"), ("text", f"{self.score}"),
+                ("hidden", "Reward Details "), ("hidden", "None")]
+
+
+def _node(kind: str, text: str) -> list[Element]:
+    """The text node a template makes of ``text`` alone in its tag: none when empty."""
+    return [(kind, text)] if text else []
 
 
 def text_observation(elements: list[Element]) -> str:
-    """WebShop's ``text`` mode: visible texts joined by `` [SEP] ``."""
-    return " [SEP] ".join(t.strip() for _, t in elements if t.strip())
+    """WebShop's ``text`` mode: every text node, stripped, joined by `` [SEP] `` (a node of
+    spaces only, such as an empty bullet's, stays as an empty piece, as in WebShop)."""
+    return " [SEP] ".join(t.strip() for _, t in elements)
 
 
 def rich_observation(elements: list[Element], chosen, clicked) -> str:
     """WebShop's ``text_rich`` mode: one line per piece, buttons marked ``[button]``."""
     chosen, head, lines = set(chosen), "", []
     for kind, t in elements:
-        if not t.strip():
-            continue
         if kind == "button":
             lines.append(f"[button] {t} [button_]")
         elif kind == "label" and t in chosen:
