@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=32, help="sampled rows per batch")
     parser.add_argument("--max-tokens", type=int, default=1024,
                         help="completion length when a request gives none")
+    parser.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+                        help="close a connection that sends nothing for S seconds (an idle "
+                             "keep-alive, a body that never arrives: 408)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"],
                         help="INFO: a line per request taken and answered (id, tokens, time)")
     return parser
@@ -43,6 +46,8 @@ def inputs(args) -> tuple[str, list[tuple[str, str]]]:
     """The model folder and the (name, path) LoRA adapters; raises InputError."""
     from gaca_agent.config.checks import InputError, check_model
 
+    if not args.request_timeout > 0:
+        raise InputError(f"--request-timeout must be > 0, got {args.request_timeout:g}")
     path = args.model[3:] if args.model.startswith("hf:") else args.model
     check_model(path)
     loras = []
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                           max_tokens=args.max_tokens)
         for name, lora_path in loras:
             model.adapters.load(name, lora_path)
-        server = make_server(model, args.host, args.port, args.api_key)
+        server = make_server(model, args.host, args.port, args.api_key, args.request_timeout)
     except (InputError, ValueError, OSError, APIError) as err:
         return fail(PROG, err)
     print(f"OpenAI-compatible server on http://{args.host}:{server.server_port}/v1 "

@@ -25,7 +25,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from gaca_agent.serving import protocol as api
-from gaca_agent.serving.handler import Handler
+from gaca_agent.serving.handler import REQUEST_TIMEOUT_S, Handler
 from gaca_agent.serving.protocol import APIError
 
 
@@ -141,20 +141,22 @@ class ChatServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], model: ChatModel,
-                 api_key: str | None) -> None:
+                 api_key: str | None, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.model, self.api_key = model, api_key
+        self.request_timeout_s = request_timeout_s
         super().__init__(address, Handler)
 
 
 def make_server(model: ChatModel, host: str = "127.0.0.1", port: int = 0,
-                api_key: str | None = None) -> ChatServer:
+                api_key: str | None = None,
+                request_timeout_s: float = REQUEST_TIMEOUT_S) -> ChatServer:
     """A threaded HTTP server for ``model``; loopback only unless an API key is set."""
     from gaca_envs.net import is_loopback
 
     if not is_loopback(host) and not api_key:
         raise ValueError(f"refusing to serve on {host!r} without an API key: pass --api-key "
                          "(clients send it as a Bearer token) or bind 127.0.0.1")
-    return ChatServer((host, port), model, api_key)
+    return ChatServer((host, port), model, api_key, request_timeout_s)
 
 
 def sampling_key(seed: int | None, choice: int) -> int:

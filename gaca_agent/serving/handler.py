@@ -16,6 +16,9 @@ from gaca_envs.net import bearer_ok
 
 MAX_BODY = 8 << 20
 STREAM_TIMEOUT_S = 600.0
+#: A connection that sends nothing (an idle keep-alive, a body that never arrives) for this
+#: long is closed, so it cannot hold a server thread forever.
+REQUEST_TIMEOUT_S = 60.0
 #: One INFO line per chat request taken and per request answered (id, tokens, time):
 #: ``gaca-serve`` shows them; a slow model's queue can be seen growing.
 log = logging.getLogger("gaca_agent.serving")
@@ -32,6 +35,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):  # quiet
         pass
+
+    def setup(self) -> None:
+        self.timeout = getattr(self.server, "request_timeout_s", REQUEST_TIMEOUT_S)
+        super().setup()
 
     # ----------------------------------------------------------- plumbing
     def _send(self, code: int, payload: dict, headers: dict | None = None) -> None:
@@ -56,17 +63,28 @@ class Handler(BaseHTTPRequestHandler):
         return bearer_ok(self.headers.get("Authorization", ""), self.server.api_key)
 
     def _body(self) -> Any:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True  # its chunks must not be read as a next request
+            raise APIError(411, "send the body with a Content-Length (chunked bodies are "
+                                "not read)")
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise APIError(400, "Content-Length is not a number") from None
         if length < 0 or length > MAX_BODY:
             raise APIError(413, f"request body over {MAX_BODY} bytes")
-        raw = self.rfile.read(length)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            raise APIError(408, f"the body did not arrive within {self.timeout:g} s") from None
         self._consumed = True
+        if len(raw) < length:  # the client closed before sending what it announced
+            self.close_connection = True
+            raise APIError(400, f"the body ended after {len(raw)} of {length} bytes")
         try:
             return json.loads(raw or b"null")
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # bad JSON, or bytes in no Unicode encoding JSON allows
             raise APIError(400, f"the body is not valid JSON: {err}") from err
 
     def _route(self, method: str):
@@ -87,11 +105,11 @@ class Handler(BaseHTTPRequestHandler):
                   ("POST", "/update_weights_from_disk"): self.update_weights_from_disk}
         handler = routes.get((method, path))
         try:
-            if handler is None:
-                raise APIError(404, f"no route {method} {path}")
-            if path != "/health" and not self._authorized():
+            if not self._authorized():  # every path, /health too, once a key is set
                 raise APIError(401, "missing or wrong API key (Authorization: Bearer "
                                     "KEY)", None, "invalid_api_key")
+            if handler is None:
+                raise APIError(404, f"no route {method} {path}")
             handler()
         except APIError as err:
             self._error(err)
@@ -105,6 +123,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self._route("POST")
+
+    def _no_such_method(self):
+        self._route(self.command)  # no route takes it: a JSON 404, never a bare 501
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _no_such_method
 
     # ----------------------------------------------------------- endpoints
     def health(self) -> None:

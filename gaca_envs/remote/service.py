@@ -36,6 +36,7 @@ no traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -211,8 +212,10 @@ def make_environment_class(settings: ServeSettings):
 class Guard:
     """ASGI middleware: bearer token (when set) and request size limit."""
 
-    def __init__(self, app, token: str | None, max_body: int) -> None:
+    def __init__(self, app, token: str | None, max_body: int,
+                 body_timeout_s: float = 60.0) -> None:
         self.app, self.token, self.max_body = app, token, max_body
+        self.body_timeout_s = body_timeout_s
 
     def _authorised(self, scope) -> bool:
         headers = dict(scope.get("headers") or [])
@@ -250,7 +253,11 @@ class Guard:
         # without a Content-Length (chunked), which the app would report as unparsable
         chunks, seen = [], 0
         while True:
-            message = await receive()
+            try:  # a body that never arrives must not hold the request open
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                return await self._refuse(send, 408, "the request body did not arrive "
+                                                     f"within {self.body_timeout_s:g} s")
             if message["type"] != "http.request":
                 return  # the client went away before its body was complete
             chunks.append(message.get("body", b""))
@@ -273,7 +280,7 @@ class Guard:
 
 def build_app(settings: ServeSettings, *, max_sessions: int = 64,
               idle_timeout_s: float | None = 600.0, token: str | None = None,
-              max_request_bytes: int = 1 << 20):
+              max_request_bytes: int = 1 << 20, request_timeout_s: float = 60.0):
     """The ASGI app: OpenEnv's routes for ``settings.env_id``, ``/sessions``, the guard."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -307,7 +314,7 @@ def build_app(settings: ServeSettings, *, max_sessions: int = 64,
         app.add_exception_handler(kind, client_error)
     app.add_exception_handler(Exception, server_error)
     app.state.env_server = server
-    return Guard(app, token, max_request_bytes)
+    return Guard(app, token, max_request_bytes, request_timeout_s)
 
 
 def _parse_args(argv: list[str] | None):
@@ -325,6 +332,8 @@ def _parse_args(argv: list[str] | None):
     p.add_argument("--idle-timeout", type=float, default=600.0,
                    help="seconds before an idle session is closed (0: never)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+                   help="a request body not complete within S seconds gets 408")
     p.add_argument("--client-kwargs", default="split,anchor",
                    help="comma-separated env kwargs a client may choose per session")
     args = p.parse_args(argv)
@@ -344,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                 "GACA_ENV_TOKEN) so that only your clients can use the server")
     if args.max_sessions < 1:
         p.error("--max-sessions must be >= 1")
+    if not args.request_timeout > 0:
+        p.error("--request-timeout must be > 0")
     settings = ServeSettings(args.env_id, kwargs,
                              tuple(k for k in args.client_kwargs.split(",") if k))
     import gymnasium as gym
@@ -360,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"cannot listen on {args.host}:{args.port}: {busy}")
     app = build_app(settings, max_sessions=args.max_sessions,
                     idle_timeout_s=args.idle_timeout or None, token=args.token,
-                    max_request_bytes=args.max_request_bytes)
+                    max_request_bytes=args.max_request_bytes,
+                    request_timeout_s=args.request_timeout)
     import uvicorn
 
     print(f"gaca-env-serve: {args.env_id} {kwargs} on http://{args.host}:{args.port} "

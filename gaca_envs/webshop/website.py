@@ -108,21 +108,36 @@ def _add_routes(app, world: World, split: str, show_attrs: bool,
                        version=entry["version"], admissible=list(s.admissible()))
 
 
+#: A connection that sends nothing for this long (an idle keep-alive, a body that never
+#: arrives) is closed, so it cannot hold a server thread forever.
+REQUEST_TIMEOUT_S = 30.0
+
+
+def request_handler(quiet: bool = False):
+    """Werkzeug's request handler with :data:`REQUEST_TIMEOUT_S` (its own has none)."""
+    from werkzeug.serving import WSGIRequestHandler
+
+    class Handler(WSGIRequestHandler):
+        timeout = REQUEST_TIMEOUT_S
+
+        def log_request(self, *args, **kwargs):
+            if not quiet:  # one line per request is noise in tests and notebooks
+                super().log_request(*args, **kwargs)
+
+    return Handler
+
+
 class BackgroundServer:
     """The site served from a thread on 127.0.0.1 (a free port unless one is given)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
-        from werkzeug.serving import WSGIRequestHandler, make_server
-
-        class QuietHandler(WSGIRequestHandler):
-            def log_request(self, *args, **kwargs):  # one line per request is noise here
-                pass
+        from werkzeug.serving import make_server
 
         if not is_loopback(host):
             raise ValueError(f"refusing to serve on {host!r}: the site binds to loopback "
                              "addresses only (127.0.0.1, localhost, ::1)")
         self._server = make_server(host, port, app, threaded=True,
-                                   request_handler=QuietHandler)
+                                   request_handler=request_handler(quiet=True))
         self.port = self._server.server_port
         self.url = f"http://{url_host(host)}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -159,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(world.split(args.split))} goals); open /start/<session>/<task_id>")
     from werkzeug.serving import make_server
 
-    make_server(args.host, args.port, app, threaded=True).serve_forever()
+    make_server(args.host, args.port, app, threaded=True,
+                request_handler=request_handler()).serve_forever()
     return 0
 
 
