@@ -346,6 +346,76 @@ def test_gaca_train_with_two_env_servers_matches_local_workers(tmp_path):
             stop_env_server(proc)
 
 
+@pytest.mark.slow
+def test_gaca_train_stops_in_one_line_when_its_env_server_dies_and_resumes(tmp_path):
+    """The only env server is killed during iteration 2: after env.timeout_s the run stops
+    with one line naming the cause and the intact checkpoint; with the server back,
+    --resume finishes it with the metrics of an undisturbed run (local workers)."""
+    import signal
+    import subprocess
+    import sys
+
+    from gaca_envs.remote.launch import start_process
+
+    if not (has_module("torch") and has_module("transformers")):
+        pytest.skip("needs the train extra")
+    small = ["iterations=3", "eval_every=0", "checkpoint_every=1", "env.groups=2",
+             "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=10",
+             "warmup.bc_episodes=4", "model.max_new_tokens=12", "learner.micro_batch_size=8",
+             "env.timeout_s=5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+    def train(*extra, wait=True):
+        cmd = [sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", *extra]
+        if wait:
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
+                                  cwd=tmp_path)
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+
+    common = ["--config", "default", f"out_dir={tmp_path}", *small]
+    local = train(*common, "name=local", "env.workers=2")
+    assert local.returncode == 0, local.stderr[-3000:]
+    port = free_port()
+    server, url = start_process("gaca/Diag-Signs-v0", port=port)
+    run = train(*common, "name=remote", f"env.servers=[{url}]", wait=False)
+    latest = tmp_path / "remote" / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while time.time() < deadline and run.poll() is None and not latest.exists():
+        time.sleep(0.05)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    stderr = run.communicate(timeout=600)[1]
+    assert run.returncode == 1, stderr[-3000:]
+    errors = [x for x in stderr.splitlines() if x.startswith("gaca-train: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    import re
+
+    # the kill lands in iteration 2's collection, or (on a busy machine) its update, and
+    # then iteration 3 is the one that finds no server
+    stopped = int(re.search(r"iteration (\d)/3 stopped", errors[0]).group(1))
+    assert stopped in (2, 3) and "every env server has been down" in errors[0] \
+        and url in errors[0], errors
+    assert f"iter-{stopped - 2:05d}, is intact" in errors[0], errors
+    server, _ = start_process("gaca/Diag-Signs-v0", port=port)
+    try:
+        resumed = train("--resume", str(tmp_path / "remote"))
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        stop_env_server(server)
+
+    def rows(name):
+        return {r["iteration"]: {k: v for k, v in r.items() if not k.startswith("perf/")}
+                for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text()
+                             .splitlines())}
+
+    a, b = rows("local"), rows("remote")
+    assert sorted(a) == sorted(b) == [-1, 0, 1, 2]
+    for it in range(stopped - 1, 3):  # the iterations the resumed run played
+        for key, value in a[it].items():
+            assert b[it][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (it, key)
+
+
 # ---------------------------------------------------------------- AgentGym's protocol
 def agentgym_server(with_actions: bool = True):
     """A small server speaking AgentGym's HTTP env protocol (AgentGym's own servers are not

@@ -301,9 +301,9 @@ if __name__ == "__main__":
 """
 
 
-def start_gaca_serve(path: str, root):
+def start_gaca_serve(path: str, root, port: int = 0):
     serve = subprocess.Popen([sys.executable, "-m", "gaca_agent.cli.serve", path, "--name", "tiny",
-                              "--port", "0"], stdout=subprocess.PIPE,
+                              "--port", str(port)], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=root)
     line = serve.stdout.readline()
     while "server on" not in line:
@@ -457,3 +457,62 @@ def test_gaca_serve_full_weight_updates_in_both_forms(served, tiny_model_path, t
                       retries=0, retry_http=False)
     finally:
         post_json(root + "/resume", None, retries=0)
+
+
+@pytest.mark.slow
+def test_training_stops_in_one_line_when_gaca_serve_dies_and_resumes(tmp_path):
+    """gaca-serve (engine: server, LoRA) is killed during iteration 2: the run stops with
+    one line naming the server and the intact checkpoint; with a fresh gaca-serve on the
+    same port, --resume pushes the checkpoint's adapter and finishes with the rollouts of
+    an undisturbed run (engine hf)."""
+    import signal
+    from pathlib import Path
+
+    from conftest import free_port
+    from gaca_agent.policies.tiny_model import cached_tiny_model
+
+    root = Path(__file__).resolve().parents[1]
+    common = ["--no-progress", "--config", "default", "iterations=3", "eval_every=0",
+              "checkpoint_every=1", "env.groups=2", "env.group_size=4",
+              "env.invalid_penalty=-0.1", "learner.lr=0.01", "learner.kl_coef=0.0",
+              "learner.old_logprobs=recompute", "warmup.bc_steps=10", "learner.lora_r=4",
+              f"out_dir={tmp_path}"]
+    train = [sys.executable, "-m", "gaca_agent.cli.train"]
+    hf = subprocess.run([*train, *common, "name=hf"], cwd=root, capture_output=True,
+                        text=True, timeout=900)
+    assert hf.returncode == 0, hf.stderr[-3000:]
+    port = free_port()
+    serve, base = start_gaca_serve(str(cached_tiny_model(0)), root, port)
+    server_args = ["model.engine=server", f"server.base_url={base}", "server.model=tiny",
+                   "server.retries=1", "name=server"]
+    run = subprocess.Popen([*train, *common, *server_args], cwd=root,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    latest = tmp_path / "server" / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while time.time() < deadline and run.poll() is None and not latest.exists():
+        time.sleep(0.05)
+    serve.send_signal(signal.SIGKILL)
+    serve.wait()
+    stderr = run.communicate(timeout=600)[1]
+    assert run.returncode == 1, stderr[-3000:]
+    errors = [x for x in stderr.splitlines() if x.startswith("gaca-train: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    stopped = int(re.search(r"iteration (\d)/3 stopped", errors[0]).group(1))
+    assert stopped in (2, 3) and f"127.0.0.1:{port}" in errors[0], errors
+    assert f"iter-{stopped - 2:05d}, is intact" in errors[0], errors
+    serve, _ = start_gaca_serve(str(cached_tiny_model(0)), root, port)
+    try:
+        resumed = subprocess.run([*train, "--no-progress", "--resume", str(tmp_path / "server")],
+                                 cwd=root, capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    rows = {name: {r["iteration"]: r for r in map(json.loads, (tmp_path / name /
+                                                               "metrics.jsonl").read_text()
+                                                  .splitlines())} for name in ("hf", "server")}
+    for it in range(stopped - 1, 3):  # what the resumed run played
+        a, b = rows["hf"][it], rows["server"][it]
+        for key in ("rollout/return", "rollout/success", "rollout/length", "train/tokens"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), (it, key)
+        assert b["probe/mean_gap"] < 1e-4  # the fresh server serves the resumed weights

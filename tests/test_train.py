@@ -90,6 +90,24 @@ def test_config_type_errors_reach_the_user_without_a_traceback(tmp_path):
     assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
 
 
+DISK_FULL = """
+import errno, sys
+from pathlib import Path
+from gaca_agent.learner.core import Learner
+save, calls = Learner.save, []
+def failing(self, path):
+    calls.append(path)
+    if len(calls) == 2:  # the second checkpoint: half written, then the disk is full
+        (Path(path) / "model").mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model" / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return save(self, path)
+Learner.save = failing
+from gaca_agent.cli.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
     base = ["--config", str(DEFAULT), f"out_dir={tmp_path}", *SMALL]
     full = run_train([*base, "name=full"], tmp_path)
@@ -128,6 +146,26 @@ def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
         assert a[it]["losses/kl"] > 0, it
         for key, value in a[it].items():
             assert b[it][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (it, key)
+    # the disk fills while the second checkpoint is written: one line names the cause and
+    # the intact checkpoint, nothing half-written is left, and --resume finishes the run
+    full_disk = subprocess.run([sys.executable, "-c", DISK_FULL, "--no-progress", *base,
+                                "name=diskfull"], cwd=tmp_path, env=env_vars(),
+                               capture_output=True, text=True, timeout=600)
+    assert full_disk.returncode == 1, full_disk.stderr[-3000:]
+    error = [x for x in full_disk.stderr.splitlines() if x.startswith("gaca-train: error:")]
+    assert error and "Traceback" not in full_disk.stderr, full_disk.stderr[-3000:]
+    assert "iteration 2/4 stopped" in error[0] and "could not write checkpoint iter-00001" \
+        in error[0] and "No space left on device" in error[0], error
+    assert "latest checkpoint, iter-00000, is intact" in error[0], error
+    ckpts = tmp_path / "diskfull" / "checkpoints"
+    assert sorted(x.name for x in ckpts.iterdir()) == ["iter-00000", "latest"]
+    resumed = run_train(["--resume", str(tmp_path / "diskfull")], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    c = metrics(tmp_path / "diskfull")
+    assert sorted(c) == [-1, 0, 1, 2, 3]
+    for it in range(1, 4):
+        for key, value in a[it].items():
+            assert c[it][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (it, key)
 
 
 @pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")

@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-live-envs", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--resume", type=Path, default=None, metavar="OUT",
+                        help="continue the evaluation in OUT with its own env, policy, "
+                             "episodes and seed (its config.json)")
     parser.add_argument("--suite", default=None, help="run a named suite (see --list-suites)")
     parser.add_argument("--list-suites", action="store_true")
     parser.add_argument("--compare", nargs="+", type=Path, default=None,
@@ -64,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         print(suites.compare(args.compare))
         return 0
+    if args.resume:
+        try:
+            resumed(args)
+        except InputError as err:
+            return fail(PROG, err)
     if not args.policy:
         return fail(PROG, "--policy is required")
     if not args.suite and not args.env:
@@ -105,6 +113,22 @@ def main(argv: list[str] | None = None) -> int:
                                               "mean_score", "mean_steps")}, indent=2))
     print(f"wrote {out}/results.json, episodes.jsonl, report.html")
     return 0
+
+
+def resumed(args) -> None:
+    """Fill ``args`` from the evaluation in ``args.resume`` (raises InputError)."""
+    config = args.resume / "config.json"
+    if not config.is_file():
+        raise InputError(f"--resume {args.resume}: no evaluation there (no config.json)")
+    if args.env or args.policy or args.suite or args.episodes:
+        raise InputError("--resume takes the env, policy, episodes and seed of the "
+                         "evaluation it continues: leave them out")
+    meta = json.loads(config.read_text())
+    args.env, args.policy, args.episodes = meta["env"], meta["policy"], meta["episodes"]
+    args.seed, args.group_size, args.out = meta["seed"], meta.get("group_size", 1), args.resume
+    args.env_kwargs = [f"{k}={json.dumps(v)}" for k, v in meta["env_kwargs"].items()]
+    args.policy_kwargs = [f"{k}={json.dumps(v)}" for k, v in
+                          meta.get("policy_kwargs", {}).items()]
 
 
 def check_inputs(args, env_kwargs: dict, policy_kwargs: dict) -> None:

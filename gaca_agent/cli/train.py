@@ -19,6 +19,7 @@ trains on its own rows.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from gaca_agent.analysis.setting import describe
 from gaca_agent.cli import fail
 from gaca_agent.config import load_config
 from gaca_agent.config.checks import InputError, check_config
-from gaca_agent.training.loop import RunExists, train
+from gaca_agent.training.loop import RunExists, TrainingStopped, train
 
 PROG = "gaca-train"
 
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = train(cfg, args.resume, progress=not args.no_progress)
     except RunExists as err:
         return fail(PROG, err)
+    except TrainingStopped as err:
+        if os.environ.get("GACA_TRACEBACK"):
+            raise
+        return fail(PROG, err, code=1)
     print(f"run directory: {run_dir}")
     return 0
 

@@ -15,7 +15,9 @@ so a resumed evaluation plays exactly what an uninterrupted one would. A model p
 evaluation does, unless ``--policy-kwargs temperature=T`` says otherwise.
 
 Each episode is appended to ``episodes.jsonl`` the moment it ends, so re-running with the
-same ``--out`` skips finished ones (failed ones are played again). The progress bar counts
+same ``--out`` (or ``gaca-eval --resume OUT``) skips finished ones. Failed episodes (a
+worker killed, an env that raised) are played again at once, up to twice; one that still
+fails is recorded with its reason. The progress bar counts
 episodes and env steps. Ctrl-C, or a policy or env that fails (a server gone), stops
 cleanly: what finished is saved (with ``results.json`` and ``report.html`` over it) and
 the same command resumes. Writes
@@ -48,7 +50,7 @@ class EvaluationInterrupted(KeyboardInterrupt):
 
     def __init__(self, out: Path, finished: int, planned: int) -> None:
         super().__init__(f"interrupted: {finished} of {planned} episodes saved in {out}; "
-                         "run the same command to continue")
+                         "run the same command (or gaca-eval --resume OUT) to continue")
         self.out, self.finished, self.planned = out, finished, planned
 
 
@@ -110,18 +112,22 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
              out: Path, workers: int = 1, seed: int = 0, policy_kwargs: dict | None = None,
              max_live_envs: int = 16, history_length: int = 2, progress: bool = True,
              policy=None, group_size: int = 1,
-             env_servers: Sequence[str] | None = None) -> dict[str, Any]:
+             env_servers: Sequence[str] | None = None, retries: int = 2) -> dict[str, Any]:
     """Run (or resume) one evaluation into ``out``; returns the results dict. Raises
     :class:`EvaluationInterrupted` on Ctrl-C after saving what finished. ``env_servers``:
     play on these ``gaca-env-serve`` URLs instead of local worker processes. Raises
     :class:`EvaluationFailed` when the policy or the envs fail, after saving what finished.
-    Nothing is written before the plan is made (a bad ``episodes`` leaves no folder)."""
+    Nothing is written before the plan is made (a bad ``episodes`` leaves no folder).
+    Episodes that failed (their worker died, their env raised) are played again, up to
+    ``retries`` more rounds; one that still fails stays in the results with its reason."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"env": env_id, "env_kwargs": env_kwargs, "policy": policy_spec,
             "episodes": str(episodes), "seed": seed}
+    if policy_kwargs:  # a resumed evaluation must sample as the first part did
+        meta["policy_kwargs"] = policy_kwargs
     if group_size > 1:
         meta["group_size"] = group_size
     config_path = out / "config.json"
@@ -134,10 +140,16 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
     drop_partial_line(episodes_path)
     records = read_episodes(episodes_path)
     g = group_size
-    todo = [(i, task) for i, task in enumerate(planned)
-            if any(k not in records or records[k]["failed"] for k in range(i * g, i * g + g))]
     try:
-        if todo:
+        for attempt in range(1 + retries):  # failed episodes (a worker died) are replayed
+            todo = [(i, task) for i, task in enumerate(planned)
+                    if any(k not in records or records[k]["failed"]
+                           for k in range(i * g, i * g + g))]
+            if not todo:
+                break
+            if attempt and progress:
+                print(f"replaying {len(todo)} failed episode group(s) (try {attempt + 1} of "
+                      f"{1 + retries})", flush=True)
             _play(todo, records, episodes_path, env_id, env_kwargs, policy_spec, workers,
                   policy_kwargs, max_live_envs, history_length, progress, policy, g,
                   env_servers)

@@ -36,7 +36,12 @@ def save_checkpoint(learner, run_dir: Path, iteration: int, keep: int) -> None:
     if learner.accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     learner.accelerator.wait_for_everyone()
-    learner.save(tmp)
+    try:
+        learner.save(tmp)
+    except OSError as err:  # a full disk: the half-written folder goes, the latest stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(err.errno, f"could not write checkpoint {final.name} in {root} "
+                                 f"({err.strerror or err})") from err
     if learner.accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -30,6 +30,19 @@ class RunExists(ValueError):
     """The run directory already holds a run (resume it, or choose another name)."""
 
 
+class TrainingStopped(RuntimeError):
+    """A run stopped by a fault (an env or inference server gone, a checkpoint that could
+    not be written): says which, and what ``--resume`` continues from."""
+
+    def __init__(self, run_dir: Path, stage: str, error: BaseException) -> None:
+        latest = latest_checkpoint(run_dir)
+        resume = (f"the latest checkpoint, {latest[1].name}, is intact: gaca-train --resume "
+                  f"{run_dir} continues from it" if latest else
+                  f"no checkpoint yet: gaca-train --resume {run_dir} starts it over")
+        super().__init__(f"{stage} stopped: {type(error).__name__}: {error}; {resume}")
+        self.run_dir, self.latest, self.error = run_dir, latest, error
+
+
 @dataclass
 class Run:
     """Everything one training run holds while it runs."""
@@ -65,6 +78,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     quiet_libraries()
     run = _open(cfg, resume)
     bar_shown = progress and sys.stderr.isatty()
+    stage = "the warm-up"
     try:
         if run.start == 0:
             _warmup(run)
@@ -73,6 +87,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
         bar = tqdm(range(run.start, cfg.iterations), desc=cfg.name,
                    disable=not (bar_shown and run.acc.is_main_process))
         for it in bar:
+            stage = f"iteration {it + 1}/{cfg.iterations}"
             t0 = time.perf_counter()
             metrics = _iteration(run, it)
             bar.set_postfix(success=f"{metrics['rollout/success']:.2f}",
@@ -80,7 +95,10 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
             if not bar_shown and run.acc.is_main_process:
                 print(iteration_line(cfg.name, it, cfg.iterations, metrics,
                                      time.perf_counter() - t0), flush=True)
+        stage = "the final save and evaluation"
         _finish(run)
+    except Exception as err:
+        raise TrainingStopped(run.run_dir, stage, err) from err
     finally:
         run.close()
     run.acc.end_training()

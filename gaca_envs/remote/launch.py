@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys
 
 
-def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
-    """``gaca-env-serve ENV_ID ARGS`` in a child process on a free loopback port, returned
+def start_process(env_id: str, *args: str, timeout_s: float = 120.0, port: int | None = None):
+    """``gaca-env-serve ENV_ID ARGS`` in a child process on ``port`` (default: a free
+    loopback port), returned
     once ``/health`` answers: ``(process, url)``. Its stderr goes to a temporary file
     (never a pipe that a long run could fill); ``--token T`` in ``args`` is sent with the
     health checks. Raises RuntimeError (with the server's last words) when it exits or
@@ -20,7 +21,7 @@ def start_process(env_id: str, *args: str, timeout_s: float = 120.0):
 
     from gaca_envs.net import free_port
 
-    port = free_port()
+    port = port or free_port()
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "gaca_envs.remote.service", env_id, *args,
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log)
