@@ -232,3 +232,35 @@ def test_textworld_env_speeds_up_pddl_games(alfworld_dir):
         action = a[-1]["admissible_actions"][0]
         a, b = fast.step(action), slow.step(action)
         assert a == b
+
+
+def test_closed_envs_hand_their_engine_on_so_memory_stays_bounded(alfworld_dir):
+    """TextWorld loads a private copy of the Fast Downward library per engine and never
+    unloads it; a process that opens and closes envs (a server, one per session) reuses
+    the closed envs' engines, so the copies loaded stay at the most envs open at once."""
+    def copies():
+        with open("/proc/self/maps") as f:
+            return len({line.split()[-2] if line.rstrip().endswith("(deleted)")
+                        else line.split()[-1] for line in f if "libdownward" in line})
+
+    for k in range(3):  # warm: the engines this process needs at most (two at once below)
+        a = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+        b = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+        a.reset(seed=k)
+        b.reset(seed=k)
+        a.close()
+        b.close()
+    before = copies()
+    for k in range(12):
+        env = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+        _, info = env.reset(seed=k)
+        assert info["admissible_actions"]
+        env.close()
+    assert copies() == before
+    # a reused engine plays as a new one: two open envs, same task, same observations
+    a = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+    b = gym.make("gaca/ALFWorld-v0", split="valid_seen", data_dir=alfworld_dir)
+    assert a.reset(seed=5, options={"task_id": 7}) == b.reset(seed=5, options={"task_id": 7})
+    assert a.unwrapped._engine.engine is not b.unwrapped._engine.engine
+    a.close()
+    b.close()

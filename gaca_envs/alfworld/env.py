@@ -87,6 +87,16 @@ class TextWorldEnv(TextEnv):
                                    objective=True, score=True, policy_commands=True)
         return textworld.start(str(self.game_files[0]), infos)
 
+    def close(self) -> None:
+        """Hand the engine back for reuse (see :func:`release_engine`)."""
+        from gaca_envs.alfworld.engine import release_engine
+
+        engine, self._engine, self._game_state = self._engine, None, None
+        self._loaded = None
+        if engine is not None:
+            release_engine(engine)
+        super().close()
+
     def _facts(self, state) -> Iterable:
         return state["facts"]
 
