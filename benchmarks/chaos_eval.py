@@ -29,9 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gaca_agent.runs.results import read_episodes  # noqa: E402
-from gaca_envs.data import data_path  # noqa: E402
+from reliability_common import alfworld_kwargs, write_report  # noqa: E402
 
 
 def eval_cmd(args, out: Path, *extra: str) -> list[str]:
@@ -167,10 +168,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.env == "alfworld":
-        data = data_path("alfworld")
-        if data is None:
-            raise SystemExit("ALFWorld data not found: set GACA_DATA")
-        case = ("gaca/ALFWorld-v0", ["split=valid_seen", f"data_dir={data}"])
+        case = ("gaca/ALFWorld-v0", [f"{k}={v}" for k, v in alfworld_kwargs().items()])
     else:
         case = ("gaca/Diag-Corridor-v0", ["split=test"])
     out = args.out / f"{args.env}-{args.episodes}"
@@ -179,10 +177,7 @@ def main() -> None:
 
         shutil.rmtree(out)
     report = run_case(args, *case, out)
-    print(json.dumps(report, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    write_report(report, args.json)
     ok = (report["ctrl_c_exit_code"] == 130 and 0 < report["finished_before_resume"]
           < args.episodes and report["indices_in_results"] and report["failed_in_results"] == 0
           and report["episodes_differing_from_undisturbed"] == 0 and report["kills"] > 0

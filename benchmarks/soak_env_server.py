@@ -32,12 +32,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gymnasium as gym  # noqa: E402
 
 import gaca_envs  # noqa: E402
-from gaca_envs.data import data_path  # noqa: E402
 from gaca_envs.net import free_port  # noqa: E402
+from reliability_common import (alfworld_kwargs, rss_mb, slope_mb_per_min,  # noqa: E402
+                                write_report)
 
 gym.register_envs(gaca_envs)
 MALFORMED = ["not json", '{"type": 5}', '{"type": "step"}', '{"type": "step", "data": 3}',
@@ -45,25 +47,8 @@ MALFORMED = ["not json", '{"type": 5}', '{"type": "step"}', '{"type": "step", "d
              '{"type": "step", "data": {"action": {"action": 7}}}', "x" * ((1 << 20) + 1)]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def get(url: str) -> dict:
     return json.loads(urllib.request.urlopen(url, timeout=30).read())
-
-
-def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
-    n = len(samples)
-    if n < 2:
-        return float("nan")
-    mt = sum(t for t, _ in samples) / n
-    mr = sum(r for _, r in samples) / n
-    var = sum((t - mt) ** 2 for t, _ in samples)
-    return 60 * sum((t - mt) * (r - mr) for t, r in samples) / var if var else float("nan")
 
 
 class Client(threading.Thread):
@@ -151,10 +136,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.env == "alfworld":
-        data = data_path("alfworld")
-        if data is None:
-            raise SystemExit("ALFWorld data not found: set GACA_DATA")
-        env_id, kwargs = "gaca/ALFWorld-v0", {"split": "valid_seen", "data_dir": str(data)}
+        env_id, kwargs = "gaca/ALFWorld-v0", alfworld_kwargs()
     else:
         env_id, kwargs = "gaca/Diag-Corridor-v0", {"split": "test"}
     port, log = free_port(), tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
@@ -204,10 +186,7 @@ def main() -> None:
         "rss_mb_start": rss[0][1], "rss_mb_after_warmup": warm[0][1] if warm else None,
         "rss_mb_end": rss[-1][1], "rss_slope_mb_per_min_after_warmup":
             round(slope_mb_per_min(warm), 3), "rss_samples": rss}
-    print(json.dumps({k: v for k, v in report.items() if k != "rss_samples"}, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    write_report(report, args.json)
 
 
 if __name__ == "__main__":

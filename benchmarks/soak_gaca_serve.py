@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from soak_env_server import rss_mb, slope_mb_per_min  # noqa: E402
+from reliability_common import rss_mb, slope_mb_per_min, write_report  # noqa: E402
 
 from gaca_envs.net import free_port  # noqa: E402
 
@@ -164,10 +164,7 @@ def main() -> None:
               "rss_mb_end": rss[-1][1],
               "rss_slope_mb_per_min_after_warmup": round(slope_mb_per_min(warm), 3),
               "rss_samples": rss}
-    print(json.dumps({k: v for k, v in report.items() if k != "rss_samples"}, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    write_report(report, args.json)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,29 @@ def diag_server():
     proc, url = start_env_server("gaca/Diag-Signs-v0")
     yield url
     stop_env_server(proc)
+
+
+def stop_at_first_checkpoint(run, run_dir, victim, iterations: int):
+    """Wait for the gaca-train process ``run`` to write its first checkpoint, SIGKILL the
+    ``victim`` server, and wait for the run to stop: it must exit 1 with one error line
+    and no traceback. Returns (the iteration that stopped, that line)."""
+    import re
+    import signal
+    import time
+
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while time.time() < deadline and run.poll() is None and not latest.exists():
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    stderr = run.communicate(timeout=600)[1]
+    assert run.returncode == 1, stderr[-3000:]
+    errors = [x for x in stderr.splitlines() if x.startswith("gaca-train: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    # the kill lands in iteration 2's collection, or (on a busy machine) during its
+    # update, and then iteration 3 is the one that finds the server gone
+    stopped = int(re.search(rf"iteration (\d+)/{iterations} stopped", errors[0]).group(1))
+    assert stopped in (2, 3), errors
+    assert f"iter-{stopped - 2:05d}, is intact" in errors[0], errors
+    return stopped, errors[0]

@@ -25,6 +25,7 @@ from conftest import has_module, start_env_server, stop_env_server  # noqa: E402
 EXAMPLES = int(os.environ.get("GACA_FUZZ_EXAMPLES", "100"))
 TIMEOUT_S = 1.0  # every server's request timeout here
 TOKEN = "fuzz-token"
+AUTHORISED = {"Host": "127.0.0.1", "Authorization": f"Bearer {TOKEN}"}
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 
@@ -151,6 +152,15 @@ def check_answer(status, reply, seconds, request, needs_token=True):
             f"{where}: {status} without the token: {reply[:300]}"
 
 
+def fuzz_once(port, request, state, needs_token=True):
+    """Send ``request``; check the answer; a refused one must leave ``state(port)``."""
+    before = state(port)
+    status, reply, seconds = send(port, *request)
+    check_answer(status, reply, seconds, request, needs_token)
+    if status is None or status >= 400:
+        assert state(port) == before, request
+
+
 # ------------------------------------------------------------------ gaca-serve
 @pytest.fixture(scope="module")
 def chat_server(tiny_model_path):
@@ -168,8 +178,7 @@ def chat_server(tiny_model_path):
 def chat_state(port):
     out = {}
     for path in ("/v1/models", "/is_paused", "/get_weight_version"):
-        status, reply, _ = send(port, "GET", path, {"Host": "127.0.0.1", "Authorization": f"Bearer {TOKEN}"},
-                                b"", "exact")
+        status, reply, _ = send(port, "GET", path, AUTHORISED, b"", "exact")
         out[path] = (status, json.loads(reply.split("\r\n\r\n", 1)[1] or "null"))
         for model in (out[path][1] or {}).get("data", []) if path == "/v1/models" else []:
             model.pop("created", None)
@@ -195,11 +204,7 @@ CHAT_BODIES = (mutated(CHAT).filter(lambda b: not isinstance(b.get("max_tokens")
 @FUZZ
 @given(request=requests(CHAT_PATHS, CHAT_BODIES))
 def test_gaca_serve_survives_any_request(chat_server, request):
-    before = chat_state(chat_server)
-    status, reply, seconds = send(chat_server, *request)
-    check_answer(status, reply, seconds, request)
-    if status is None or status >= 400:
-        assert chat_state(chat_server) == before, request
+    fuzz_once(chat_server, request, chat_state)
 
 
 # ------------------------------------------------------------------ gaca-env-serve
@@ -215,8 +220,7 @@ def env_server():
 
 
 def env_state(port):
-    status, reply, _ = send(port, "GET", "/sessions", {"Host": "127.0.0.1", "Authorization": f"Bearer {TOKEN}"},
-                            b"", "exact")
+    status, reply, _ = send(port, "GET", "/sessions", AUTHORISED, b"", "exact")
     return status, json.loads(reply.split("\r\n\r\n", 1)[1])["active"]
 
 
@@ -232,11 +236,7 @@ ENV_BODIES = (mutated({"seed": 1, "env_kwargs": {"split": "test"}, "expert": Tru
 @FUZZ
 @given(request=requests(ENV_PATHS, ENV_BODIES))
 def test_gaca_env_serve_survives_any_request(env_server, request):
-    before = env_state(env_server)
-    status, reply, seconds = send(env_server, *request)
-    check_answer(status, reply, seconds, request)
-    if status is None or status >= 400:
-        assert env_state(env_server) == before, request
+    fuzz_once(env_server, request, env_state)
 
 
 # ------------------------------------------------------------------ gaca-webshop-serve
@@ -272,11 +272,7 @@ SHOP_BODIES = (st.just(b"action=click%5Bnext+%3E%5D") | st.just(b"search_query=r
 @FUZZ
 @given(request=requests(SHOP_PATHS, SHOP_BODIES))
 def test_gaca_webshop_serve_survives_any_request(shop_server, request):
-    before = shop_state(shop_server)
-    status, reply, seconds = send(shop_server, *request)
-    check_answer(status, reply, seconds, request, needs_token=False)
-    if status is None or status >= 400:
-        assert shop_state(shop_server) == before, request
+    fuzz_once(shop_server, request, shop_state, needs_token=False)
 
 
 # ------------------------------------------------------------------ every route, every framing

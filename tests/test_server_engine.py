@@ -465,10 +465,9 @@ def test_training_stops_in_one_line_when_gaca_serve_dies_and_resumes(tmp_path):
     one line naming the server and the intact checkpoint; with a fresh gaca-serve on the
     same port, --resume pushes the checkpoint's adapter and finishes with the rollouts of
     an undisturbed run (engine hf)."""
-    import signal
     from pathlib import Path
 
-    from conftest import free_port
+    from conftest import free_port, stop_at_first_checkpoint
     from gaca_agent.policies.tiny_model import cached_tiny_model
 
     root = Path(__file__).resolve().parents[1]
@@ -487,19 +486,8 @@ def test_training_stops_in_one_line_when_gaca_serve_dies_and_resumes(tmp_path):
                    "server.retries=1", "name=server"]
     run = subprocess.Popen([*train, *common, *server_args], cwd=root,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    latest = tmp_path / "server" / "checkpoints" / "latest"
-    deadline = time.time() + 600
-    while time.time() < deadline and run.poll() is None and not latest.exists():
-        time.sleep(0.05)
-    serve.send_signal(signal.SIGKILL)
-    serve.wait()
-    stderr = run.communicate(timeout=600)[1]
-    assert run.returncode == 1, stderr[-3000:]
-    errors = [x for x in stderr.splitlines() if x.startswith("gaca-train: error:")]
-    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
-    stopped = int(re.search(r"iteration (\d)/3 stopped", errors[0]).group(1))
-    assert stopped in (2, 3) and f"127.0.0.1:{port}" in errors[0], errors
-    assert f"iter-{stopped - 2:05d}, is intact" in errors[0], errors
+    stopped, error = stop_at_first_checkpoint(run, tmp_path / "server", serve, 3)
+    assert f"127.0.0.1:{port}" in error, error
     serve, _ = start_gaca_serve(str(cached_tiny_model(0)), root, port)
     try:
         resumed = subprocess.run([*train, "--no-progress", "--resume", str(tmp_path / "server")],
