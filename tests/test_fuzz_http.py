@@ -247,9 +247,7 @@ def shop_server():
     from gaca_envs.webshop.world import WorldConfig, load_world
 
     world = load_world(WorldConfig(num_products=200))
-    old, website.REQUEST_TIMEOUT_S = website.REQUEST_TIMEOUT_S, TIMEOUT_S
-    server = website.BackgroundServer(website.create_app(world))
-    website.REQUEST_TIMEOUT_S = old
+    server = website.BackgroundServer(website.create_app(world), request_timeout_s=TIMEOUT_S)
     send(server.port, "GET", "/start/fz/0", {"Host": "127.0.0.1"}, b"", "exact")
     yield server.port
     server.close()

@@ -8,6 +8,7 @@ import os
 
 from gaca_agent.serving import app as _module
 from gaca_agent.serving.app import ChatModel, make_server
+from gaca_agent.serving.handler import REQUEST_TIMEOUT_S
 from gaca_agent.serving.protocol import APIError
 
 
@@ -34,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=32, help="sampled rows per batch")
     parser.add_argument("--max-tokens", type=int, default=1024,
                         help="completion length when a request gives none")
-    parser.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
                         help="close a connection that sends nothing for S seconds (an idle "
                              "keep-alive, a body that never arrives: 408)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"],

@@ -48,6 +48,8 @@ from gaca_envs.net import bearer_ok
 from gaca_envs.remote.wire import encode_step
 
 DEFAULT_PORT = 8010
+#: A request body not complete within this many seconds gets 408 (``--request-timeout``).
+REQUEST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,7 @@ class Guard:
     """ASGI middleware: bearer token (when set) and request size limit."""
 
     def __init__(self, app, token: str | None, max_body: int,
-                 body_timeout_s: float = 60.0) -> None:
+                 body_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.app, self.token, self.max_body = app, token, max_body
         self.body_timeout_s = body_timeout_s
 
@@ -280,7 +282,8 @@ class Guard:
 
 def build_app(settings: ServeSettings, *, max_sessions: int = 64,
               idle_timeout_s: float | None = 600.0, token: str | None = None,
-              max_request_bytes: int = 1 << 20, request_timeout_s: float = 60.0):
+              max_request_bytes: int = 1 << 20,
+              request_timeout_s: float = REQUEST_TIMEOUT_S):
     """The ASGI app: OpenEnv's routes for ``settings.env_id``, ``/sessions``, the guard."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -332,7 +335,7 @@ def _parse_args(argv: list[str] | None):
     p.add_argument("--idle-timeout", type=float, default=600.0,
                    help="seconds before an idle session is closed (0: never)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20)
-    p.add_argument("--request-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
                    help="a request body not complete within S seconds gets 408")
     p.add_argument("--client-kwargs", default="split,anchor",
                    help="comma-separated env kwargs a client may choose per session")

@@ -250,7 +250,7 @@ class Session:
     def _done_elements(self) -> list[Element]:
         """WebShop's done page as its text env renders it (no code, goal or reward details
         are passed to the template, so they read ``None`` or nothing)."""
-        chosen = json.dumps(dict(sorted(self.page.options)), sort_keys=True)
+        chosen = json.dumps(dict(self.page.options), sort_keys=True)
         for char, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
                            ("'", "\\u0027")):  # Jinja's tojson, as WebShop's page shows it
             chosen = chosen.replace(char, code)

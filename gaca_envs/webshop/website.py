@@ -113,12 +113,12 @@ def _add_routes(app, world: World, split: str, show_attrs: bool,
 REQUEST_TIMEOUT_S = 30.0
 
 
-def request_handler(quiet: bool = False):
-    """Werkzeug's request handler with :data:`REQUEST_TIMEOUT_S` (its own has none)."""
+def request_handler(quiet: bool = False, timeout_s: float = REQUEST_TIMEOUT_S):
+    """Werkzeug's request handler with a request timeout (its own has none)."""
     from werkzeug.serving import WSGIRequestHandler
 
     class Handler(WSGIRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
+        timeout = timeout_s
 
         def log_request(self, *args, **kwargs):
             if not quiet:  # one line per request is noise in tests and notebooks
@@ -130,14 +130,15 @@ def request_handler(quiet: bool = False):
 class BackgroundServer:
     """The site served from a thread on 127.0.0.1 (a free port unless one is given)."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         from werkzeug.serving import make_server
 
         if not is_loopback(host):
             raise ValueError(f"refusing to serve on {host!r}: the site binds to loopback "
                              "addresses only (127.0.0.1, localhost, ::1)")
         self._server = make_server(host, port, app, threaded=True,
-                                   request_handler=request_handler(quiet=True))
+                                   request_handler=request_handler(True, request_timeout_s))
         self.port = self._server.server_port
         self.url = f"http://{url_host(host)}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
