@@ -125,7 +125,7 @@ def scienceworld(args) -> dict:
               f"{1e3 * statistics.median(steps['gaca'][-len(gold):]):6.1f} ms", flush=True)
     raw.close()
     # memory of one env process (Python + JVM) over many resets
-    java = u._engine._gateway.java_process.pid
+    java = u._engine.pid
     mem = []
     for i in range(args.resets):
         env.reset(options={"task_id": first[types[i % len(types)]]})

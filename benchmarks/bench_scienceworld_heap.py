@@ -34,9 +34,9 @@ def child(heap: str | None, types: list[str]) -> dict:
 
     gym.register_envs(gaca_envs)
     env = gym.make("gaca/ScienceWorld-v0", split="test", task_types=",".join(types),
-                   jvm_heap=heap, max_episode_steps=None)
+                   jvm_heap=heap, envs_per_jvm=1, max_episode_steps=None)
     u = env.unwrapped
-    java = u._engine._gateway.java_process.pid
+    java = u._engine.pid
     first: dict[str, int] = {}
     for k, v in enumerate(u.variations):
         first.setdefault(v.task_type, k)

@@ -328,27 +328,30 @@ def test_a_plain_gymnasium_env_trains_in_gaca_train(tmp_path):
 
 
 # ------------------------------------------------------------ 7. ScienceWorld
-def test_scienceworld_jvm_heap_is_a_kwarg_with_a_default():
+def test_scienceworld_jvm_heap_and_envs_per_jvm_are_kwargs_with_defaults():
     pytest.importorskip("scienceworld")
     import shutil
 
     if shutil.which("java") is None:
         pytest.skip("no Java runtime")
-    from gaca_envs.scienceworld.env import JVM_HEAP, check_heap
+    from gaca_envs.scienceworld.jvm import ENVS_PER_JVM, auto_heap, check_heap
 
-    assert JVM_HEAP == "768m"
+    assert ENVS_PER_JVM == 16 and auto_heap(16) == "1216m"
     with pytest.raises(ValueError, match="jvm_heap must be a size"):
         check_heap("lots")
-    env = gym.make("gaca/ScienceWorld-v0", split="test", task_types="boil", jvm_heap="512m")
+    with pytest.raises(ValueError, match="envs_per_jvm must be an integer >= 1"):
+        gym.make("gaca/ScienceWorld-v0", split="test", task_types="boil", envs_per_jvm=0)
+    envs = [gym.make("gaca/ScienceWorld-v0", split="test", task_types="boil",
+                     jvm_heap=heap, envs_per_jvm=1) for heap in ("512m", "auto")]
     try:
-        pid = env.unwrapped._engine._gateway.java_process.pid
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert any(v.startswith(b"JAVA_TOOL_OPTIONS=") and v.endswith(b"-Xmx512m")
-                   for v in environ)
-        env.reset(options={"task_id": 0})
+        for env, xmx in zip(envs, ("-Xmx512m", "-Xmx256m")):  # auto: 192 + 64 per env
+            pid = env.unwrapped._engine.pid
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert xmx.encode() in args and b"-XX:hashCode=2" in args
+            env.reset(options={"task_id": 0})
     finally:
-        env.close()
-    assert "-Xmx" not in os.environ.get("JAVA_TOOL_OPTIONS", "")  # ours is not left behind
+        for env in envs:
+            env.close()
 
 
 # ----------------------------------------------------------- 8. stale examples

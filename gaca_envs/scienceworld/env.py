@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
 import shutil
-import sys
 from typing import Any, Iterable, Sequence
 
 from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, normalize_action
 from gaca_envs.scienceworld.canonical import state_key
+from gaca_envs.scienceworld.jvm import ENVS_PER_JVM, acquire, check_envs_per_jvm, check_heap
 from gaca_envs.scienceworld.tasks import (SPLITS, list_variations, resolve_task_types,
                                           simplification_string)
 
@@ -22,12 +20,6 @@ JAVA_HINT = ("ScienceWorld's engine needs a Java runtime (java on PATH). Debian/
              "sudo apt-get install default-jre-headless, or run bash scripts/setup.sh "
              "scienceworld, which installs it")
 
-
-#: The engine JVM's default maximum heap (``-Xmx``): the JVM's own default is a quarter of
-#: the machine's memory, and it grows towards it (2,331 MB per env measured on 24 GB); with
-#: this cap an env held 782 MB at the same speed and wins (docs/benchmarks.md).
-JVM_HEAP = "768m"
-_HEAP_RE = re.compile(r"^[1-9][0-9]*[kKmMgG]?$")
 
 #: How many gold recordings the expert asks for before it takes one that did not replay.
 GOLD_TRIES = 4
@@ -57,38 +49,6 @@ def check_requirements() -> None:
     if importlib.util.find_spec("scienceworld") is None:
         raise ScienceWorldError("gaca/ScienceWorld-v0 needs the scienceworld package: "
                                 "pip install -e '.[scienceworld]'")
-
-
-def check_heap(jvm_heap: str | None) -> str | None:
-    """``jvm_heap`` as ``-Xmx`` takes it (``768m``, ``2g``); None: the JVM's own default."""
-    if jvm_heap is None:
-        return None
-    heap = str(jvm_heap).strip()
-    if not _HEAP_RE.match(heap):
-        raise ValueError(f"jvm_heap must be a size such as 768m or 2g (or None: the JVM's "
-                         f"default), got {jvm_heap!r}")
-    return heap
-
-
-def start_engine(jvm_heap: str | None = JVM_HEAP):
-    """The ``scienceworld`` package's env: it starts the engine's JVM (about 1 s), with
-    ``-Xmx<jvm_heap>`` (through ``JAVA_TOOL_OPTIONS``, which the package's launcher
-    passes on; the user's own options stay, ours come last and win)."""
-    check_requirements()
-    from scienceworld import ScienceWorldEnv as Engine
-
-    heap = check_heap(jvm_heap)
-    if heap is None:
-        return Engine("", envStepLimit=sys.maxsize)
-    before = os.environ.get("JAVA_TOOL_OPTIONS")
-    os.environ["JAVA_TOOL_OPTIONS"] = f"{before or ''} -Xmx{heap}".strip()
-    try:
-        return Engine("", envStepLimit=sys.maxsize)
-    finally:
-        if before is None:
-            os.environ.pop("JAVA_TOOL_OPTIONS", None)
-        else:
-            os.environ["JAVA_TOOL_OPTIONS"] = before
 
 
 class ScienceWorldEnv(TextEnv):
@@ -153,45 +113,46 @@ class ScienceWorldEnv(TextEnv):
     while the agent follows it (actions that change nothing, such as ``look around`` or a
     rejected text, keep it). After any other departure it returns ``None``: ScienceWorld
     has no planner to replan from an arbitrary state. The recording is made on the
-    episode's first call and checked by playing it (up to ``GOLD_TRIES`` recordings).
-    In the task types with random dynamics (bees and pollination: grow-fruit, the
-    genetics types) the engine's worlds depend on what the JVM ran before (see
-    Determinism), so a checked recording can still fail: when the engine rejects the
-    expert's own next action, the expert returns ``None`` and the next episode of that
-    task records anew.
+    episode's first call and checked by playing it (up to ``GOLD_TRIES`` recordings); when
+    the engine rejects the expert's own next action, the expert returns ``None`` and the
+    next episode of that task records anew.
 
     ## Determinism
-    A reset reloads the variation, which seeds the engine's random generator: the first
-    observation and key of a task are the same in every process, and the deterministic
-    task types replay exactly. Where bees pollinate (grow-fruit, mendelian genetics) the
-    engine does not: the same actions after a reset of the same task gave a different
-    world from step 59 of a grow-fruit episode, episode after episode in one process
-    (every load seeds the generator, so some other state of the engine carries over).
-
-    The gold path itself depends on what the JVM ran before, in every task type measured
-    that waits on the world (``benchmarks/bench_scienceworld_heap.py``, 6 processes):
-    boil's first test variation has an 84-step gold path when it is the JVM's first task
-    and 90 or 102 steps after four other tasks; mendelian-genetics-known-plant 143, 146 or
-    147; grow-fruit (83), measure-melting-point-unknown-substance (96) and chemistry-mix
-    (19) were the same in every process. Every one of these recordings won. The expert
-    cannot be the same in every process without a fresh JVM per recording (about 1 s and
-    its memory each); it is the same within a process for a task, once recorded.
+    A world is a function of its task type, variation, simplifications and the actions
+    played, in any process and on any JVM: a reset reloads the variation, which seeds the
+    engine's random generator, and every engine has its own generator and counters (see
+    Memory). One more thing made worlds depend on the past before: the engine iterates
+    hash sets of its objects, whose order came from HotSpot's identity hash codes, drawn
+    per Java thread. Bees flew elsewhere (grow-fruit's world changed from step 14 between
+    two fresh JVMs; in one JVM the same actions after a reset of the same task gave a
+    different world from step 59), and gold paths depended on the tasks the JVM had run
+    before (boil's first test variation 84, 90 or 102 steps, mendelian genetics 143-147).
+    Engine JVMs now run with a constant identity hash (``-XX:hashCode=2``: a set's order
+    then follows from what was put in it alone): grow-fruit's 72-step random episode
+    replays exactly, and the gold paths of boil (90), melting point (96), grow-fruit
+    (83), chemistry-mix (19) and mendelian genetics (148) are the same after three
+    different orders of those tasks.
+    These are other worlds than the package's default JVM makes from step 14 of
+    grow-fruit on (the same task and rules; which bee goes where differs); 30 of 30 task
+    types' gold paths still win.
 
     ## Memory
-    The engine's JVM is started with ``-Xmx<jvm_heap>`` (default ``768m``). Without a cap
-    the JVM takes up to a quarter of the machine's memory and grows towards it: one env
-    process reached 2,331 MB on this 24 GB machine over 5 expert episodes, against 782 MB
-    with ``768m`` (536 MB with ``512m``), at the same median step time (105-107 ms) and
-    with the same wins (10 of 10 for each heap, boil, grow-fruit, genetics, melting point
-    and chemistry; the longest admissible-action lists of the suite are in genetics).
+    The envs of one process share engine JVMs, ``envs_per_jvm`` (default 16) to a JVM,
+    each engine in a class loader of its own so that none shares the engine's global state
+    with another (``gaca_envs.scienceworld.jvm``); a JVM's heap (``-Xmx``) is sized for
+    its engines, 192 MB + 64 MB an engine (``jvm_heap="auto"``; 1,216 MB for 16). With
+    the collector's 8 workers, 128 live episodes run in 8 JVMs; MEMORY_FIGURES
+    (``benchmarks/bench_env_memory.py``, docs/benchmarks.md). A JVM that dies fails only
+    the episodes of its engines; each of those envs makes a new engine at its next reset.
 
     ## Arguments
     ``split`` (``train``, ``dev``, ``test``: the engine's own variation lists),
     ``task_types`` (names such as ``boil``, ids such as ``1-1``, or a comma-separated
     string), ``simplifications`` (``easy``, or flags among ``teleportAction``,
     ``selfWateringFlowerPots``, ``openContainers``, ``openDoors``, ``noElectricalAction``),
-    ``jvm_heap`` (the JVM's ``-Xmx``: ``768m``, ``2g``; ``None`` for the JVM's default),
-    ``anchor``, ``render_mode``.
+    ``envs_per_jvm`` (engines per JVM, default 16), ``jvm_heap`` (the JVM's ``-Xmx``:
+    ``auto``, sized by ``envs_per_jvm``; ``768m``, ``2g``; ``None`` for the JVM's default,
+    a quarter of the machine), ``anchor``, ``render_mode``.
 
     ## Version History
     v0: initial version (scienceworld 1.2.3).
@@ -199,7 +160,8 @@ class ScienceWorldEnv(TextEnv):
 
     def __init__(self, split: str = "test", task_types: str | Sequence[str] | None = None,
                  simplifications: str | Iterable[str] | None = None, anchor: Anchor = "state",
-                 render_mode: str | None = None, jvm_heap: str | None = JVM_HEAP) -> None:
+                 render_mode: str | None = None, jvm_heap: str | None = "auto",
+                 envs_per_jvm: int = ENVS_PER_JVM) -> None:
         super().__init__(render_mode=render_mode, anchor=anchor)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -208,7 +170,8 @@ class ScienceWorldEnv(TextEnv):
         self.task_types = resolve_task_types(task_types)
         self.simplifications = simplification_string(simplifications, self.task_types)
         self.jvm_heap = check_heap(jvm_heap)
-        self._engine = start_engine(self.jvm_heap)
+        self.envs_per_jvm = check_envs_per_jvm(envs_per_jvm)
+        self._engine = acquire(self.jvm_heap, self.envs_per_jvm)
         self._server = self._engine.server
         self.variations = list_variations(self._server, split, self.task_types)
         self._tasks: dict[int, str] = {}
@@ -228,6 +191,10 @@ class ScienceWorldEnv(TextEnv):
 
     # ------------------------------------------------------------- adapter
     def _sim_reset(self, task_id: int) -> SimStep:
+        if not self._engine.alive():  # its JVM died: the episode it held failed
+            self._engine.close()
+            self._engine = acquire(self.jvm_heap, self.envs_per_jvm)
+            self._server = self._engine.server
         observation = self._load(task_id)
         self._plan = list(self._gold[task_id]) if task_id in self._gold else None
         self._score, self._pending, self._fresh = 0.0, "", True
@@ -250,6 +217,16 @@ class ScienceWorldEnv(TextEnv):
         return action if 0 < len(action) <= MAX_ACTION_CHARS else None
 
     def _sim_step(self, action: str) -> SimStep | None:
+        try:
+            return self._play(action)
+        except Exception as err:
+            if self._engine.alive():
+                raise
+            raise ScienceWorldError(f"the engine's JVM (pid {self._engine.pid}) died: this "
+                                    f"episode failed; the next reset starts a new engine") \
+                from err
+
+    def _play(self, action: str) -> SimStep | None:
         assert self._last is not None
         observation = str(self._server.step(action))
         if observation.startswith(REJECTED):
@@ -382,5 +359,4 @@ class ScienceWorldEnv(TextEnv):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
-            engine.close = lambda: None  # its __del__ closes again
         super().close()
