@@ -1,9 +1,10 @@
-"""What the reliability benchmarks share: a process's RSS, its slope, the ALFWorld env
-kwargs, and the report (printed, and written as JSON)."""
+"""What the reliability benchmarks share: a process's RSS (and a process tree's RSS and
+PSS), its slope, the ALFWorld env kwargs, and the report (printed, and written as JSON)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,40 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def memory_mb(pids: list[int]) -> tuple[float, float]:
+    """(sum of RSS, sum of PSS) of ``pids`` in MB; processes gone meanwhile count 0."""
+    rss = pss = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+        except OSError:
+            continue
+    return rss / 1024, pss / 1024
 
 
 def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
