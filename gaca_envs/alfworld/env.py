@@ -218,6 +218,12 @@ class ALFWorldEnv(TextWorldEnv):
     it (or has only made no-op moves), else Fast Downward's optimal plan from the current
     state (a replan costs seconds), followed until the agent departs from it.
 
+    ## Memory
+    128 live episodes in the collector's 8 workers hold 2.5 GB (PSS of every process; 19
+    MB an episode; 64: 2.1 GB, 16: 1.7 GB; ``benchmarks/bench_env_memory.py --suite
+    alfworld``). A process grows about 1 MB a game it loads, so the collector's workers
+    are recycled after 100 resets (``env.recycle_after``).
+
     ## Arguments
     ``split`` (``train``, ``valid_seen``, ``valid_unseen``), ``task_types`` (subset of the
     six), ``data_dir`` (else ``$ALFWORLD_DATA``, ``$GACA_DATA/alfworld``,
