@@ -101,7 +101,7 @@ class Killer(threading.Thread):
         self.targets = jvm_pids if target == "jvm" else worker_pids
         self.proc: subprocess.Popen | None = None
         self.kills, self.done = 0, False
-        self.memory: list[tuple[float, float]] = []  # (s, PSS MB of the process tree)
+        self.memory: list[tuple[float, float, int]] = []  # (s, PSS MB of the tree, pid)
         self.next_at = self._gap()
 
     def _gap(self) -> int:
@@ -112,7 +112,8 @@ class Killer(threading.Thread):
         while not self.done:
             proc = self.proc
             if proc is not None and proc.poll() is None and time.time() - last >= 2:
-                self.memory.append((time.time() - t0, memory_mb(descendants(proc.pid))[1]))
+                self.memory.append((time.time() - t0, memory_mb(descendants(proc.pid))[1],
+                                    proc.pid))
                 last = time.time()
             if proc is not None and proc.poll() is None and lines(self.file) >= self.next_at:
                 pids = self.targets(proc.pid)
@@ -191,15 +192,19 @@ def run_case(args, env_id: str, env_kwargs: list[str], out: Path) -> dict:
             "stderr_tail": (first_err[-300:], second_err[-300:])}
 
 
-def memory_report(samples: list[tuple[float, float]]) -> dict:
-    """PSS of gaca-eval's process tree: first, largest, last, and the slope after the
-    first fifth of the run (the warm-up: workers and JVMs starting)."""
+def memory_report(samples: list[tuple[float, float, int]]) -> dict:
+    """PSS of gaca-eval's process tree: largest, and the slope over each gaca-eval process
+    (the first, then the resumed one) after its first fifth (workers and JVMs starting)."""
     if not samples:
         return {}
-    warm = [x for x in samples if x[0] >= samples[-1][0] / 5]
-    return {"pss_first_mb": round(samples[0][1]), "pss_max_mb": round(max(m for _, m in samples)),
-            "pss_last_mb": round(samples[-1][1]),
-            "pss_slope_after_warmup_mb_per_min": round(slope_mb_per_min(warm), 2)}
+    slopes = []
+    for pid in dict.fromkeys(p for *_, p in samples):
+        own = [(t, m) for t, m, p in samples if p == pid]
+        start, end = own[0][0], own[-1][0]
+        slopes.append(round(slope_mb_per_min([x for x in own
+                                              if x[0] >= start + (end - start) / 5]), 2))
+    return {"pss_max_mb": round(max(m for _, m, _ in samples)),
+            "pss_slope_after_warmup_mb_per_min": slopes}
 
 
 def main() -> None:
