@@ -158,6 +158,9 @@ class ScienceWorldEnv(TextEnv):
 
     ## Version History
     v0: initial version (scienceworld 1.2.3).
+    v0, 2026-12-01: engines share JVMs, with a constant identity hash: the worlds of the
+    pollinating types (grow-fruit, genetics) and some gold paths differ from earlier v0
+    runs (they were not reproducible before); the id stays v0.
     """
 
     def __init__(self, split: str = "test", task_types: str | Sequence[str] | None = None,
