@@ -31,8 +31,8 @@ import tempfile
 import threading
 from typing import Any
 
-#: Engines per JVM by default. 16 shares a JVM by the collector's slots of one worker
-#: (128 live episodes in 8 workers) and holds 16 envs in about 1.3 GB (docs/benchmarks.md).
+#: Engines per JVM by default: the collector's slots of one worker when 128 live episodes
+#: run in 8 workers (then 5.9 GB in all, workers and JVMs: docs/benchmarks.md).
 ENVS_PER_JVM = 16
 #: The JVM's heap by default (``-Xmx``): a base plus a share per engine it may hold.
 HEAP_BASE_MB, HEAP_PER_ENV_MB = 192, 64
