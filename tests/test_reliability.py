@@ -70,8 +70,8 @@ def test_eval_with_killed_workers_and_a_ctrl_c_equals_an_undisturbed_one(tmp_pat
 @pytest.mark.slow
 def test_scienceworld_eval_with_killed_jvms_equals_an_undisturbed_one(tmp_path):
     """Engines share JVMs: a killed JVM fails the episodes of its engines, which are played
-    again on a new one; ScienceWorld's worlds depend on nothing but their task and actions,
-    so every episode equals the undisturbed run's."""
+    again on a new one; a new engine plays a short episode as the undisturbed run's engine
+    did (a constant identity hash), so every episode equals the undisturbed run's."""
     import shutil
 
     if not has_module("scienceworld") or shutil.which("java") is None:

@@ -40,9 +40,10 @@ HEAP_BASE_MB, HEAP_PER_ENV_MB = 192, 64
 #: engine iterates hash sets of its objects, and with HotSpot's default hash (a generator
 #: per Java thread) their order -- so where bees fly, which object a gold path names --
 #: depended on the thread's and the JVM's past (grow-fruit's world changed from step 14
-#: between two fresh JVMs of different layouts). With a constant hash the order is the
-#: order of insertion: a world is a function of its task, variation and actions alone, in
-#: any JVM, shared or not. The collector stays the JVM's default (G1): with the serial one
+#: between two fresh JVMs of different layouts). With a constant hash the order follows
+#: from what was put in a set alone: an engine plays the same in any JVM, shared or not,
+#: given the same history (one carry-over inside an engine remains: the env card's
+#: Determinism). The collector stays the JVM's default (G1): with the serial one
 #: chemistry-mix's gold path names another object. The heap is handed back to the system
 #: when less than 70% of it is used.
 JVM_OPTIONS = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2",
