@@ -104,7 +104,8 @@ def run(suite: str, layout: str, live: int, workers: int, seconds: float,
                 reset(done)
             if t_measure is None and len(played) == live:
                 t_measure = time.perf_counter()
-            peak = max(peak, memory_mb(descendants(me)))
+            now = memory_mb(descendants(me))
+            peak = (max(peak[0], now[0]), max(peak[1], now[1]))  # each its own peak
         elapsed = time.perf_counter() - t_measure
         end = memory_mb(descendants(me))
     finally:

@@ -71,15 +71,14 @@ def worker_pids(parent: int) -> list[int]:
 
 
 def jvm_pids(parent: int) -> list[int]:
-    """The engine JVMs (java children) of ``parent``'s env workers."""
+    """The engine JVMs below ``parent`` (the java children of its env workers)."""
     out = []
-    for worker in worker_pids(parent):
-        for pid in descendants(worker):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
-                    out.append(pid)
-            except OSError:
-                continue
+    for pid in descendants(parent):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                out.append(pid)
+        except OSError:
+            continue
     return out
 
 
