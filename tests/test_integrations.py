@@ -1,0 +1,236 @@
+"""gaca inside other packages, each driven through the real package: verl's estimator
+registry, TRL's GRPOTrainer, verifiers' rollouts, W&B and Trackio logging, datasets."""
+
+from __future__ import annotations
+
+import importlib
+import random
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import gaca_envs
+from gaca_agent.advantages import StepBatch, compute, names
+
+from conftest import has_module
+
+gym.register_envs(gaca_envs)
+
+
+def diag_episodes(groups: int = 3, per_group: int = 4, seed: int = 0):
+    """Random play of gaca/Diag-Signs-v0: per episode, a list of (state_key, reward)."""
+    rng = random.Random(seed)
+    env = gym.make("gaca/Diag-Signs-v0", max_episode_steps=12)
+    episodes = []
+    for g in range(groups):
+        for k in range(per_group):
+            obs, info = env.reset(seed=100 * g + k, options={"task_id": g})
+            steps, done = [], False
+            while not done:
+                key = info["state_key"]
+                obs, r, term, trunc, info = env.step(rng.choice(info["admissible_actions"]))
+                steps.append((key, float(r)))
+                done = term or trunc
+            episodes.append((g, steps))
+    env.close()
+    return episodes
+
+
+# ------------------------------------------------------------------------------ verl
+needs_verl = pytest.mark.skipif(not (has_module("verl") and has_module("torch")),
+                                reason="needs verl (pip install gaca[integrations])")
+
+
+def verl_agent_layout(episodes, seed: int = 0):
+    """The episodes as verl-agent batches them: rows step-major (step 0 of every env,
+    then step 1, ...), a response of random length per row, the episode's return on the
+    last response token, per-step rewards, anchors, uid/traj_uid and old log-probs."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    order = [(e, t) for t in range(max(len(s) for _, s in episodes))
+             for e, (_, s) in enumerate(episodes) if t < len(s)]
+    n, width = len(order), 7
+    lengths = rng.integers(1, width + 1, size=n)
+    mask = torch.zeros(n, width)
+    token_rewards = torch.zeros(n, width)
+    log_probs = torch.tensor(-rng.gamma(1.0, 1.0, size=(n, width)), dtype=torch.float32)
+    responses = torch.tensor(rng.integers(0, 3, size=(n, width)))
+    for i, (e, _t) in enumerate(order):
+        mask[i, : lengths[i]] = 1
+        token_rewards[i, lengths[i] - 1] = sum(r for _, r in episodes[e][1])
+    fields = {
+        "uid": np.array([f"task-{episodes[e][0]}" for e, _ in order], dtype=object),
+        "traj_uid": np.array([f"traj-{e}" for e, _ in order], dtype=object),
+        "anchor_obs": np.array([episodes[e][1][t][0] for e, t in order], dtype=object),
+        "rewards": np.array([episodes[e][1][t][1] for e, t in order], dtype=np.float32),
+    }
+    return order, token_rewards, mask, {"old_log_probs": log_probs, "responses": responses}, fields
+
+
+def own_rows(episodes, order, mask, tensors):
+    """Our own StepBatch of the same steps, episode-major (rows in another order)."""
+    index = {pair: i for i, pair in enumerate(order)}
+    log_probs, responses = tensors["old_log_probs"], tensors["responses"]
+    action = [tuple(responses[i][mask[i] > 0].tolist()) for i in range(len(order))]
+    nll_row = (-(log_probs * mask).sum(-1) / mask.sum(-1)).double().numpy()
+    rows = [(e, t) for e, (_, s) in enumerate(episodes) for t in range(len(s))]
+    keys = lambda e, t: episodes[e][1][t][0] if t < len(episodes[e][1]) else "<end>"  # noqa: E731
+    batch = StepBatch(
+        group=[episodes[e][0] for e, _ in rows], traj=[e for e, _ in rows],
+        t=[t for _, t in rows], reward=[episodes[e][1][t][1] for e, t in rows],
+        state=[keys(e, t) for e, t in rows], next_state=[keys(e, t + 1) for e, t in rows],
+        nll=[nll_row[index[(e, t)]] for e, t in rows],
+        entropy=[nll_row[index[(e, t)]] for e, t in rows],
+        action=[hash(action[index[(e, t)]]) for e, t in rows],
+        terminal=[t == len(episodes[e][1]) - 1 for e, t in rows])
+    return rows, batch
+
+
+@needs_verl
+def test_verl_finds_every_estimator_and_each_equals_ours_row_for_row():
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    importlib.import_module("gaca_agent.integrations.verl")  # registers on import
+
+    episodes = diag_episodes()
+    order, token_rewards, mask, tensors, fields = verl_agent_layout(episodes)
+    rows, ours = own_rows(episodes, order, mask, tensors)
+    assert core_algos.get_adv_estimator_fn("gaca") is core_algos.get_adv_estimator_fn(
+        "gaca_gaca")
+    for name in names():
+        fn = core_algos.get_adv_estimator_fn(f"gaca_{name}")
+        adv, returns = fn(token_level_rewards=token_rewards, response_mask=mask,
+                          index=fields["uid"], config=None, batch=tensors,
+                          non_tensor_batch=fields)
+        assert adv.shape == mask.shape and torch.equal(adv, returns)
+        assert torch.all(adv[mask == 0] == 0)  # nothing outside the response
+        want, _ = compute(name, ours)
+        got = {pair: adv[i, 0].item() for i, pair in enumerate(order)}
+        np.testing.assert_allclose([got[pair] for pair in rows], want, rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+        assert np.any(np.abs(want) > 1e-3), name  # a batch that tells estimators apart
+
+
+@needs_verl
+def test_verls_own_compute_advantage_runs_ours_on_single_turn_rows():
+    """Stock verl passes only rewards, mask and uid: each row is a one-step episode."""
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    importlib.import_module("gaca_agent.integrations.verl")  # registers on import
+
+    rng = np.random.default_rng(1)
+    n, width = 12, 5
+    mask = torch.tensor(rng.integers(0, 2, size=(n, width)), dtype=torch.float32)
+    mask[:, 0] = 1
+    scores = rng.integers(0, 2, size=n).astype(np.float32)
+    token_rewards = torch.zeros(n, width)
+    token_rewards[:, 0] = torch.tensor(scores)
+    uid = np.array([f"prompt-{i // 4}" for i in range(n)], dtype=object)
+    data = DataProto.from_dict(tensors={"token_level_rewards": token_rewards,
+                                        "response_mask": mask},
+                               non_tensors={"uid": uid})
+    data = compute_advantage(data, adv_estimator="gaca_grpo")
+    want, _ = compute("grpo", StepBatch(group=uid, traj=np.arange(n), t=np.zeros(n, int),
+                                        reward=scores, state=uid))
+    np.testing.assert_allclose(data.batch["advantages"][:, 0].numpy(), want, rtol=1e-5)
+    assert np.any(want != 0)
+
+
+# ------------------------------------------------------------------------------- TRL
+needs_trl = pytest.mark.skipif(not (has_module("trl") and has_module("torch")),
+                               reason="needs trl (pip install gaca[integrations])")
+
+
+def test_trl_environment_plays_as_the_gym_env_and_keeps_ends_apart():
+    from gaca_agent.integrations.trl import trl_environment
+
+    Env = trl_environment("gaca/Diag-Signs-v0", max_episode_steps=3)
+    env = Env()  # TRL constructs with no arguments
+    text = env.reset(seed=5, task_id=2, prompt="ignored")
+    plain = gym.make("gaca/Diag-Signs-v0", max_episode_steps=3)
+    obs, info = plain.reset(seed=5, options={"task_id": 2})
+    assert info["task"] in text and obs in text and "rest; walk forward" in text
+    for _ in range(3):
+        got = env.take_action("rest")
+        obs, reward, term, trunc, info = plain.step("rest")
+        assert obs in got and env.state_keys[-1] == info["state_key"]
+    assert env.truncated and not env.terminated and "out of time" in got
+    with pytest.raises(ValueError, match="episode is over"):
+        env.take_action("rest")
+    Untimed = trl_environment("gaca/Diag-Signs-v0")
+    dead = Untimed()
+    dead.reset(seed=5, task_id=2)
+    while not dead.terminated:  # walk up to a door, then take the wrong one: a dead end
+        dead.take_action("open the other door" if "door" in dead.take_action("rest")
+                         else "walk forward")
+    assert dead.terminated and not dead.truncated and dead.get_reward() == 0.0
+    won = Untimed()
+    won.reset(seed=1, task_id=0)
+    while not won.terminated:
+        won.take_action(won.env.unwrapped.expert_action())
+    assert won.won and won.get_reward() == 1.0 == won.reward
+    with pytest.raises(ValueError, match="tool must be"):
+        trl_environment("gaca/Diag-Signs-v0", tool="reset")
+
+
+@needs_trl
+def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_path,
+                                                          monkeypatch):
+    """TRL probes the class (its tool and reward), plays it in its rollout loop and logs
+    the env's reward under the class name. The random tiny model rarely writes a tool
+    call, so the logged reward is the env's (zero) return: the tool path itself is
+    checked above and below through the trainer's own environment pool."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from gaca_agent.integrations.trl import trl_environment
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.chat_template = qwen2_5_chat_template  # a template TRL can parse tool calls of
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    Env = trl_environment("gaca/Diag-Signs-v0", seed=0)
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=64, logging_steps=1,
+                      report_to="none", use_cpu=True, save_strategy="no")
+    trainer = GRPOTrainer(model=model, processing_class=tok, args=args,
+                          environment_factory=Env)
+    assert [t.__name__ for t in trainer.tools] == ["take_action"]
+    assert trainer.reward_func_names == [Env.__name__]
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if f"rewards/{Env.__name__}/mean" in h]
+    assert len(logged) == 2
+    pool = trainer._environment_pool[None]
+    assert len(pool) == 4 and all(type(e) is Env for e in pool)
+    assert logged[-1][f"rewards/{Env.__name__}/mean"] == pytest.approx(
+        np.mean([e.get_reward() for e in pool]))
+    for e in pool:  # every rollout was reset by TRL, once a step
+        assert e.state_keys and e._resets == 2
+    e = pool[0]
+    text = e.reset()
+    assert "Admissible actions" in e.take_action(text.split("Admissible actions: ")[1]
+                                                 .split("; ")[0])
+
+
+# ------------------------------------------------------------------------- Gymnasium
+def test_a_fresh_interpreter_makes_a_gaca_env_with_nothing_imported():
+    """Gymnasium 1.x has no env plugin entry point (1.0 removed it): its own way to make
+    a third-party env in a fresh interpreter is the ``module:id`` form."""
+    import subprocess
+    import sys
+
+    code = ("import gymnasium as gym; env = gym.make('gaca_envs:gaca/Diag-Signs-v0'); "
+            "obs, info = env.reset(seed=0); print(info['admissible_actions'])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "walk forward" in run.stdout
