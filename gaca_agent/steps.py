@@ -170,9 +170,15 @@ class StepTable:
         texts = {"observation": list(self.texts["observation"])} if with_observation else {}
         return StepTable(columns, texts, {})
 
-    def record(self, i: int) -> dict[str, Any]:
-        """Row ``i`` as a plain dict (for episode files and reports; no token ids)."""
+    def record(self, i: int, tokens: bool = False) -> dict[str, Any]:
+        """Row ``i`` as a plain dict (for episode files and reports); with ``tokens``
+        also its ``prompt_ids``, ``response_ids`` and the sampler's ``logprobs``."""
         c, x = self.columns, self.texts
+        extra = {}
+        if tokens and self.ragged:
+            extra = {"prompt_ids": self.ragged["prompt_ids"][i].tolist(),
+                     "response_ids": self.ragged["completion_ids"][i].tolist(),
+                     "logprobs": self.ragged["logprobs"][i].tolist()}
         return {"t": int(c["t"][i]), "observation": x["observation"][i],
                 "admissible_actions": list(x["admissible_actions"][i]),
                 "response": x["response"][i], "action": x["action_text"][i],
@@ -186,7 +192,7 @@ class StepTable:
                 "nll_spans": {s: float(c[f"nll_{s}"][i]) for s in ("response", "action", "think")},
                 "entropy": None if np.isnan(c["entropy"][i]) else float(c["entropy"][i]),
                 **{k: float(c[k][i]) for k in ("advantage", "weight") if not np.isnan(c[k][i])},
-                "info": dict(x["info"][i])}
+                "info": dict(x["info"][i]), **extra}
 
 
 def step_batch(table: StepTable):
@@ -259,8 +265,8 @@ class Rollout:
     episodes: list[Episode]
     table: StepTable
 
-    def steps(self, episode: Episode) -> list[dict[str, Any]]:
-        return [self.table.record(i) for i in episode.rows]
+    def steps(self, episode: Episode, tokens: bool = False) -> list[dict[str, Any]]:
+        return [self.table.record(i, tokens) for i in episode.rows]
 
     @property
     def train_rows(self) -> np.ndarray:

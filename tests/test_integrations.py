@@ -4,7 +4,12 @@ registry, TRL's GRPOTrainer, verifiers' rollouts, W&B and Trackio logging, datas
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -234,3 +239,140 @@ def test_a_fresh_interpreter_makes_a_gaca_env_with_nothing_imported():
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "walk forward" in run.stdout
+
+
+# ------------------------------------------------------------------- W&B and Trackio
+def wandb_records(run_dir):
+    """The records of the offline W&B run in ``run_dir``, read from its ``.wandb`` file
+    (W&B's own record format: 7-byte header, 32 KiB blocks of checksummed chunks) with
+    W&B's own protobuf schema."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, block, pos, chunks, part = path.read_bytes(), 32768, 7, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if left < 7 or (kind == 0 and length == 0):
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):
+            chunks.append(part)
+    records = []
+    for chunk in chunks:
+        record = pb.Record()
+        record.ParseFromString(chunk)
+        records.append(record)
+    return records
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """One iteration of gaca-train (the tiny model, its format warmed up so that some
+    actions are valid and returns differ) logged to W&B (offline) and Trackio, its
+    rollouts kept with token ids."""
+    if not (has_module("wandb") and has_module("trackio") and has_module("torch")):
+        pytest.skip("needs wandb, trackio and torch (pip install gaca[integrations])")
+    tmp = tmp_path_factory.mktemp("trained")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "TRACKIO_DIR": str(tmp / "trackio")}
+    run = subprocess.run(
+        [sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", "--config", "default",
+         f"out_dir={tmp}", "name=logged", "iterations=1", "eval_every=0",
+         "env.groups=2", "env.group_size=4", "env.max_live_envs=8", "warmup.bc_steps=40",
+         "warmup.bc_episodes=4", "model.max_new_tokens=12", "env.invalid_penalty=-0.1",
+         "project=gaca-test", "logging=[wandb,trackio]", "keep_rollouts=tokens"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return tmp / "logged", env
+
+
+@pytest.mark.xdist_group("trained_run")  # one training run for both (scripts/test.sh)
+def test_a_run_logs_the_same_metrics_to_wandb_and_trackio_with_config_and_commit(
+        trained_run):
+    run_dir, env = trained_run
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    names = {k for k, v in rows[-1].items() if isinstance(v, (int, float))}
+    assert {"rollout/success", "losses/policy", "adv/weight_mean"} <= names
+    assert not (run_dir / "tensorboard").exists()  # only what logging lists
+    records = wandb_records(run_dir)
+    (meta,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    if commit:  # a git checkout: W&B records its commit, as for any run
+        assert meta.git.commit == commit
+    assert (meta.display_name, meta.project) == ("logged", "gaca-test")
+    config = {u.key or ".".join(u.nested_key): json.loads(u.value_json)
+              for u in meta.config.update}
+    assert config["algo"]["estimator"] == "gaca" and config["name"] == "logged"
+    history = [{i.key or ".".join(i.nested_key): json.loads(i.value_json)
+                for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    history = [h for h in history if "iteration" in h]  # W&B may add a final bare record
+    assert [h["iteration"] for h in history] == [-1, 0]
+    assert {k for k in history[-1] if not k.startswith("_")} == names
+    assert history[-1]["losses/policy"] == pytest.approx(rows[-1]["losses/policy"])
+    code = ("import sys, json; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "m = S.get_all_metrics_for_run('gaca-test', 'logged'); "
+            "print(json.dumps([sorted(m), S.get_run_config('gaca-test', 'logged'), "
+            "S.get_metric_values('gaca-test', 'logged', 'losses/policy')]))")
+    read = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    metrics, tconfig, values = json.loads(read.stdout.strip().splitlines()[-1])
+    every = {k for row in rows for k, v in row.items() if isinstance(v, (int, float))}
+    assert set(metrics) == every and tconfig["algo"]["estimator"] == "gaca"
+    assert [v["step"] for v in values] == [1]  # iteration 0 is step 1 (warm-up: step 0)
+    assert values[0]["value"] == pytest.approx(rows[-1]["losses/policy"])
+
+
+# ------------------------------------------------------------------------- datasets
+@pytest.mark.skipif(not has_module("datasets"), reason="needs datasets (gaca[integrations])")
+@pytest.mark.xdist_group("trained_run")
+def test_gaca_export_writes_a_dataset_that_rescore_and_audit_read_back(trained_run,
+                                                                       tmp_path):
+    import datasets
+    import pyarrow.parquet as pq
+
+    from gaca_agent.analysis.audit import read_records
+    from gaca_agent.cli.audit import main as audit
+    from gaca_agent.cli.export import main as export
+    from gaca_agent.cli.rescore import main as rescore
+
+    run_dir, _ = trained_run
+    out = tmp_path / "steps"
+    assert export([str(run_dir), "--to", str(out)]) == 0
+    assert export([str(run_dir), "--to", str(out)]) == 2  # never over an existing export
+    data = datasets.load_from_disk(str(out))
+    (rollouts,) = run_dir.glob("rollouts/iter-00000.rank0.jsonl.gz")
+    steps = [s for r in read_records(rollouts) if not r["failed"] for s in r["trajectory"]]
+    assert len(data) == len(steps) == pq.read_table(out / "steps.parquet").num_rows
+    assert set(data["iteration"]) == {0}
+    assert data["response"] == [s["response"] for s in steps]
+    for row, step in zip(data, steps):  # token ids and the sampler's log-probs, per step
+        assert row["response_ids"] == step["response_ids"] and row["prompt_ids"]
+        assert len(row["logprobs"]) == len(row["response_ids"]) > 0
+        assert all(lp <= 0 for lp in row["logprobs"])
+    # the run trained with gaca at the defaults gaca-export scores with: the same numbers
+    np.testing.assert_allclose(data["advantage"], data["advantage_gaca"], atol=1e-9)
+    np.testing.assert_allclose(data["weight"], data["weight_gaca"], atol=1e-9)
+    assert np.std(data["weight_gaca"]) > 0 and np.any(np.array(data["advantage_grpo"]) != 0)
+    # the analysis commands read the export as they read the run
+    for tool in (rescore, audit):
+        assert tool([str(run_dir), "--out", str(tmp_path / f"{tool.__module__}-run")]) == 0
+        assert tool([str(out), "--out", str(tmp_path / f"{tool.__module__}-export")]) == 0
+    for name in ("rescore", "audit"):
+        module = f"gaca_agent.cli.{name}"
+        a = json.loads((tmp_path / f"{module}-run" / f"{name}.json").read_text())
+        b = json.loads((tmp_path / f"{module}-export" / f"{name}.json").read_text())
+        for key in ("source", "paths"):  # where the episodes were read from
+            a.pop(key, None), b.pop(key, None)
+        assert a == b, name

@@ -36,7 +36,9 @@ from gaca_agent.runs.plots import figure
 
 def episode_files(path: Path) -> list[Path]:
     """The episode files under ``path`` (a file, an eval or suite folder, or a run)."""
-    if path.is_file():
+    from gaca_agent.runs.exported import is_export
+
+    if path.is_file() or is_export(path):
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{path} does not exist")
@@ -50,6 +52,10 @@ def episode_files(path: Path) -> list[Path]:
 
 def env_of(file: Path) -> str:
     """The env id an episode file came from (its folder's config), else the folder name."""
+    from gaca_agent.runs.exported import export_source, is_export
+
+    if is_export(file):
+        return export_source(file)["env"] or file.name
     for folder in (file.parent, file.parent.parent):
         if (folder / "config.json").is_file():
             return json.loads((folder / "config.json").read_text()).get("env", folder.name)
@@ -62,6 +68,12 @@ def env_of(file: Path) -> str:
 
 
 def read_records(file: Path) -> Iterable[dict[str, Any]]:
+    """The episode records of an episode file, or of a ``gaca-export`` folder."""
+    from gaca_agent.runs.exported import is_export, read_export
+
+    if is_export(file):
+        yield from read_export(file)
+        return
     opener = gzip.open if file.suffix == ".gz" else open
     with opener(file, "rt") as f:
         for line in f:

@@ -42,6 +42,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 def rollout_files(path: Path, iteration: int | None) -> tuple[list[Path], dict[str, Any]]:
     """The episode files of one batch and where they came from (env id, kwargs)."""
+    from gaca_agent.runs.exported import export_source, is_export
+
+    if is_export(path):
+        if iteration is not None:
+            raise ValueError(f"{path} is a gaca-export (every iteration it holds is scored);"
+                             " export one iteration with gaca-export --iteration")
+        return [path], export_source(path)
     if path.is_file():
         return [path], _source(path.parent)
     files = sorted(path.glob("rollouts/iter-*.jsonl.gz"))

@@ -235,6 +235,10 @@ def check_config(cfg) -> None:
     """What a training configuration is about to use (``gaca-train`` and its ``--dry-run``)."""
     if cfg.env.template_file:
         check_paths({"template_file": cfg.env.template_file}, "env")
+    missing = [k for k in cfg.logging if k != "tensorboard" and importlib.util.find_spec(k) is None]
+    if missing:
+        raise InputError(f"logging: {', '.join(missing)} needs the package(s) "
+                         f"{', '.join(missing)} (pip install {' '.join(missing)})")
     urls = [(cfg.server.base_url, "server.base_url")] if cfg.model.engine == "server" else []
     check_run_inputs(cfg.env.id, [cfg.env.kwargs, cfg.env.eval_kwargs], model=cfg.model.path,
                      urls=urls, servers=cfg.env.servers)

@@ -179,9 +179,14 @@ class TrainConfig:
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
     out_dir: str = "runs"
-    keep_rollouts: bool = True
-    """Write every iteration's episodes to ``rollouts/`` (for ``gaca-rescore``); turn off
-    to save disk (ALFWorld at GiGPO's scale: about 2 MB an iteration, gzipped)."""
+    keep_rollouts: bool | Literal["tokens"] = True
+    """Write every iteration's episodes to ``rollouts/`` (for ``gaca-rescore`` and
+    ``gaca-export``); ``tokens`` adds each step's token ids and sampled log-probs; turn
+    off to save disk (ALFWorld at GiGPO's scale: about 2 MB an iteration, gzipped)."""
+    logging: tuple[Literal["tensorboard", "wandb", "trackio"], ...] = ("tensorboard",)
+    """Trackers beside ``metrics.jsonl`` (any subset; the same metric names in each)."""
+    project: str = "gaca"
+    """The W&B / Trackio project the run is logged to (its name is ``name``)."""
     env: EnvSection = field(default_factory=EnvSection)
     model: ModelSection = field(default_factory=ModelSection)
     algo: AlgoSection = field(default_factory=AlgoSection)

@@ -52,34 +52,48 @@ def save_checkpoint(learner, run_dir: Path, iteration: int, keep: int) -> None:
 
 
 class MetricsLog:
-    """``metrics.jsonl`` and TensorBoard, written by the main process."""
+    """``metrics.jsonl`` and the trackers of ``logging`` (:mod:`gaca_agent.runs.trackers`;
+    TensorBoard only when installed), written by the main process."""
 
-    def __init__(self, run_dir: Path, main: bool, resume_after: int | None) -> None:
+    def __init__(self, run_dir: Path, main: bool, resume_after: int | None,
+                 logging: tuple[str, ...] = ("tensorboard",), name: str = "",
+                 project: str = "gaca", config: dict | None = None) -> None:
+        from gaca_agent.runs.trackers import open_trackers
+
         self.main, self.path = main, run_dir / "metrics.jsonl"
-        self.writer = None
+        self.trackers: list = []
         if not main:
             return
         if resume_after is not None and self.path.exists():  # drop what the killed run
             kept = [line for line in self.path.read_text().splitlines()  # wrote later
                     if _json_ok(line) and json.loads(line)["iteration"] <= resume_after]
             write_atomic(self.path, "".join(line + "\n" for line in kept))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-        except ImportError:  # tensorboard not installed: jsonl only
-            self.writer = None
+        kinds = tuple(logging)
+        if "tensorboard" in kinds and not _has("tensorboard"):
+            kinds = tuple(k for k in kinds if k != "tensorboard")  # jsonl only, as before
+        self.trackers = open_trackers(kinds, run_dir, name or run_dir.name, project,
+                                      config or {})
 
     def log(self, iteration: int, metrics: dict[str, Any]) -> None:
         if not self.main:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({"iteration": iteration, **metrics}) + "\n")
-        if self.writer is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self.writer.add_scalar(k, v, iteration)
-            self.writer.flush()
+        scalars = {k: float(v) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for tracker in self.trackers:
+            tracker.log(scalars, iteration + 1)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def _json_ok(line: str) -> bool:

@@ -98,12 +98,14 @@ def held_out(learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> di
     return rollout_metrics(reduce_sums(acc, rollout_sums(rollout)), "eval")
 
 
-def episode_records(rollout) -> list[dict[str, Any]]:
+def episode_records(rollout, tokens: bool = False) -> list[dict[str, Any]]:
     """Episode records (``episodes.jsonl`` form) of a rollout, with each step's advantage
-    and weight where :meth:`Rollout.attach` set them."""
+    and weight where :meth:`Rollout.attach` set them (and with ``tokens`` its token ids
+    and log-probs)."""
     from gaca_agent.runs.results import episode_record
 
-    return [episode_record(e, ep, rollout.steps(ep)) for e, ep in enumerate(rollout.episodes)]
+    return [episode_record(e, ep, rollout.steps(ep, tokens))
+            for e, ep in enumerate(rollout.episodes)]
 
 
 def write_train_report(run_dir: Path, cfg: TrainConfig, iteration: int, records) -> None:

@@ -64,7 +64,7 @@ class Run:
     n_eval: int = 0
 
     def close(self) -> None:
-        for part in (self.collector, self.evaluator, self.server):
+        for part in (self.collector, self.evaluator, self.server, self.log):
             if part is not None:
                 part.close()
 
@@ -137,7 +137,8 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
             load_adapter(learner, ckpt[1])
         learner.load_state(ckpt[1])
     # resuming a run killed before its first checkpoint starts over: drop its metrics
-    log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None))
+    log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None),
+                     cfg.logging, cfg.name, cfg.project, to_dict(cfg))
     run = Run(cfg, acc, run_dir, learner, tokenizer, log, ckpt[0] + 1 if ckpt else 0)
     run.policy, run.eval_policy, run.server = make_policies(cfg, learner, tokenizer)
     run.n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs, cfg.env.servers)
@@ -183,7 +184,9 @@ def _iteration(run: Run, it: int) -> dict[str, float]:
     rollout.attach(advantage=adv, weight=weight)
     records = episode_records(rollout)
     if cfg.keep_rollouts:
-        write_rollouts(run.run_dir, it, acc.process_index, records)
+        tokens = cfg.keep_rollouts == "tokens"
+        write_rollouts(run.run_dir, it, acc.process_index,
+                       episode_records(rollout, tokens=True) if tokens else records)
     if last and acc.is_main_process:
         write_train_report(run.run_dir, cfg, it, records)
     if cfg.checkpoint_every and ((it + 1) % cfg.checkpoint_every == 0 or last):
