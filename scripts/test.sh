@@ -24,6 +24,7 @@ if [ -z "${GACA_DATA:-}" ] && [ -d ../shared/data ]; then export GACA_DATA="$(cd
 # run only with GACA_TEST_SLOW=1 (CI sets it); the 15 slowest are listed at the end.
 WORKERS="${GACA_TEST_WORKERS:-2}"
 ARGS=(--durations=15)
-if [ "$WORKERS" != 0 ]; then ARGS+=(-n "$WORKERS"); fi
+# loadgroup: tests marked xdist_group share a worker (and its module fixtures)
+if [ "$WORKERS" != 0 ]; then ARGS+=(-n "$WORKERS" --dist loadgroup); fi
 if [ "${GACA_TEST_SLOW:-0}" != 1 ]; then ARGS+=(-m "not slow"); fi
 python -m pytest "${ARGS[@]}" "$@"
