@@ -144,6 +144,8 @@ def test_verls_own_compute_advantage_runs_ours_on_single_turn_rows():
                                         reward=scores, state=uid))
     np.testing.assert_allclose(data.batch["advantages"][:, 0].numpy(), want, rtol=1e-5)
     assert np.any(want != 0)
+    with pytest.raises(ValueError, match="gaca_gaca needs the batch's old_log_probs"):
+        compute_advantage(data, adv_estimator="gaca")  # stock verl passes no log-probs
 
 
 # ------------------------------------------------------------------------------- TRL

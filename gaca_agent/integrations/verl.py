@@ -24,6 +24,11 @@ import numpy as np
 from gaca_agent.advantages import StepBatch, compute, names
 
 
+#: What some estimators read beyond rewards and groups, and the verl field it comes from:
+#: the step NLL (GACA's weight; EMPG's entropy falls back to it) and the action (AdaStep).
+NEEDS = {"gaca": "old_log_probs", "empg": "old_log_probs", "adastep": "responses"}
+
+
 def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
@@ -90,6 +95,11 @@ def estimator(name: str, **params: Any) -> Callable[..., tuple]:
             anchor_obs=anchor_obs if anchor_obs is not None else extra.get("anchor_obs"),
             rewards=rewards if rewards is not None else extra.get("rewards"),
             old_log_probs=old_log_probs, responses=responses)
+        needed = NEEDS.get(name)
+        if needed and getattr(rows, "nll" if needed == "old_log_probs" else "action") is None:
+            raise ValueError(
+                f"gaca_{name} needs the batch's {needed}: pass {needed}= or a batch= holding "
+                "it; verl's own compute_advantage passes neither to a registered estimator")
         adv, _ = compute(name, rows, **params)
         mask = response_mask.to(torch.float32)
         out = torch.as_tensor(adv, dtype=torch.float32, device=mask.device)[:, None] * mask
