@@ -33,8 +33,9 @@ if [[ ",$EXTRAS," == *",integrations,"* || ",$EXTRAS," == *",all,"* ]]; then
     # verl's estimator registry (gaca_agent/integrations/verl.py): verl pins
     # transformers<5.11, so it comes without its deps, plus what its registry imports.
     if ! python -c "import verl.trainer.ppo.core_algos" 2>/dev/null; then
-        python -m pip install --quiet --no-deps "verl==0.9.1" "tensordict>=0.8,<=0.10.0,!=0.9.0"
-        python -m pip install --quiet "ray>=2.41" codetiming hydra-core pylatexenc torchdata
+        python -m pip install --quiet --no-deps "verl==0.9.1"
+        python -m pip install --quiet "tensordict>=0.8,<=0.10.0,!=0.9.0" "ray>=2.41" \
+            codetiming hydra-core pylatexenc torchdata
     fi
 fi
 if [[ ",$EXTRAS," == *",scienceworld,"* || ",$EXTRAS," == *",all,"* ]] && \

@@ -378,3 +378,18 @@ def test_gaca_export_writes_a_dataset_that_rescore_and_audit_read_back(trained_r
         for key in ("source", "paths"):  # where the episodes were read from
             a.pop(key, None), b.pop(key, None)
         assert a == b, name
+
+
+def test_a_tracker_whose_package_is_missing_is_refused_before_the_run(monkeypatch):
+    import importlib.util
+
+    from gaca_agent.config import load_config
+    from gaca_agent.config.checks import InputError, check_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "trackio" else real(name, *a))
+    with pytest.raises(InputError, match="pip install trackio"):
+        check_config(load_config("default", ["logging=[tensorboard,trackio]"]))
+    with pytest.raises(ValueError, match="logging\\[0\\] must be one of"):
+        load_config("default", ["logging=[mlflow]"])
