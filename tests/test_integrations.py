@@ -193,6 +193,7 @@ def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_p
     call, so the logged reward is the env's (zero) return: the tool path itself is
     checked above and below through the trainer's own environment pool."""
     import torch
+    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen2_5_chat_template
@@ -209,8 +210,11 @@ def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_p
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
                       num_generations=4, max_completion_length=64, logging_steps=1,
                       report_to="none", use_cpu=True, save_strategy="no")
+    # dataset columns reach reset(): every row asks for task 5 with seed 7
+    rows = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Play."}]] * 8,
+                              "task_id": [5] * 8, "seed": [7] * 8})
     trainer = GRPOTrainer(model=model, processing_class=tok, args=args,
-                          environment_factory=Env)
+                          train_dataset=rows, environment_factory=Env)
     assert [t.__name__ for t in trainer.tools] == ["take_action"]
     assert trainer.reward_func_names == [Env.__name__]
     trainer.train()
@@ -220,8 +224,10 @@ def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_p
     assert len(pool) == 4 and all(type(e) is Env for e in pool)
     assert logged[-1][f"rewards/{Env.__name__}/mean"] == pytest.approx(
         np.mean([e.get_reward() for e in pool]))
-    for e in pool:  # every rollout was reset by TRL, once a step
-        assert e.state_keys and e._resets == 2
+    start = gym.make("gaca/Diag-Signs-v0").reset(seed=7, options={"task_id": 5})[1]
+    for e in pool:  # every rollout was reset by TRL, once a step, as its row asked
+        assert e._resets == 2 and e.env.unwrapped.task_id == 5
+        assert e.state_keys[0] == start["state_key"]
     e = pool[0]
     text = e.reset()
     assert "Admissible actions" in e.take_action(text.split("Admissible actions: ")[1]
