@@ -15,9 +15,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-RESET_COLUMNS = ("seed", "task_id")  # dataset columns reset() reads; others are ignored
-
-
 def render(observation: str, info: dict[str, Any], *, task: bool = False) -> str:
     """The text the model reads: the task (at reset), the observation and the actions."""
     parts = [f"Task: {info['task']}"] if task and info.get("task") else []
