@@ -399,3 +399,28 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_the_run(monkeypatc
         check_config(load_config("default", ["logging=[tensorboard,trackio]"]))
     with pytest.raises(ValueError, match="logging\\[0\\] must be one of"):
         load_config("default", ["logging=[mlflow]"])
+
+
+@pytest.mark.skipif(not has_module("datasets"), reason="needs datasets (gaca[integrations])")
+def test_gaca_export_of_an_evaluation_scores_its_groups_as_rescore_does(tmp_path):
+    import datasets
+
+    from gaca_agent.cli.eval import main as evaluate
+    from gaca_agent.cli.export import main as export
+    from gaca_agent.cli.rescore import main as rescore
+
+    assert evaluate(["--env", "gaca/Diag-Signs-v0", "--policy", "random", "--episodes", "3",
+                     "--group-size", "4", "--seed", "1", "--out", str(tmp_path / "ev")]) == 0
+    assert export([str(tmp_path / "ev"), "--to", str(tmp_path / "ds"),
+                   "--estimators", "grpo,gigpo"]) == 0
+    data = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert set(data["iteration"]) == {-1} and len(set(data["group"])) == 3
+    assert np.isnan(data["advantage"]).all()  # an evaluation trains on nothing
+    assert "advantage_gaca" not in data.column_names and np.std(data["advantage_gigpo"]) > 0
+    for path, out in ((tmp_path / "ev", "a"), (tmp_path / "ds", "b")):
+        assert rescore([str(path), "--estimators", "grpo,gigpo", "--out",
+                        str(tmp_path / out)]) == 0
+    a, b = (json.loads((tmp_path / x / "rescore.json").read_text()) for x in "ab")
+    for key in ("source", "paths"):
+        a.pop(key, None), b.pop(key, None)
+    assert a == b
