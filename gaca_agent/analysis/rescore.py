@@ -49,18 +49,28 @@ def rollout_files(path: Path, iteration: int | None) -> tuple[list[Path], dict[s
             raise ValueError(f"{path} is a gaca-export (every iteration it holds is scored);"
                              " export one iteration with gaca-export --iteration")
         return [path], export_source(path)
+    found, source = source_files(path)
+    its = sorted({it for it, _ in found if it >= 0})
+    if not its:  # an evaluation or a single file
+        return [f for _, f in found], source
+    it = its[-1] if iteration is None else iteration
+    if it not in its:
+        raise ValueError(f"{path} has no rollouts of iteration {it}; it has {its}")
+    return [f for i, f in found if i == it], {**source, "iteration": it}
+
+
+def source_files(path: Path) -> tuple[list[tuple[int, Path]], dict[str, Any]]:
+    """(iteration, file) of every episode file of a training run (every kept iteration)
+    or of an evaluation or file (iteration -1), and where they came from."""
+    path = Path(path)
     if path.is_file():
-        return [path], _source(path.parent)
+        return [(-1, path)], _source(path.parent)
     files = sorted(path.glob("rollouts/iter-*.jsonl.gz"))
     if files:
-        its = sorted({int(re.search(r"iter-(\d+)", f.name).group(1)) for f in files})
-        it = its[-1] if iteration is None else iteration
-        if it not in its:
-            raise ValueError(f"{path} has no rollouts of iteration {it}; it has {its}")
-        return [f for f in files if f"iter-{it:05d}." in f.name], {**_source(path),
-                                                                   "iteration": it}
+        return [(int(re.search(r"iter-(\d+)", f.name).group(1)), f) for f in files], \
+            _source(path)
     if (path / "episodes.jsonl").is_file():
-        return [path / "episodes.jsonl"], _source(path)
+        return [(-1, path / "episodes.jsonl")], _source(path)
     raise FileNotFoundError(f"{path} holds neither rollouts/*.jsonl.gz nor episodes.jsonl")
 
 
@@ -90,7 +100,7 @@ def step_rows(files: list[Path]) -> list[dict[str, Any]]:
             group = record["group"] if training else (n, record.get("group", record["index"]))
             for step in record["trajectory"]:
                 rows.append({**step, "group": group, "traj": traj,
-                             "task_id": record["task_id"]})
+                             "task_id": record["task_id"], "task": record.get("task", "")})
     return rows
 
 

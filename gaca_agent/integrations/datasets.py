@@ -18,59 +18,33 @@ the same rows as ``steps.parquet``, and ``gaca_export.json`` (the source env and
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from gaca_agent.runs.exported import META
-
-def source_files(path: Path, iteration: int | None = None
-                 ) -> tuple[list[tuple[int, Path]], dict[str, Any]]:
-    """(iteration, file) of every episode file of a run (every iteration, or the one
-    asked for) or of an evaluation."""
-    from gaca_agent.analysis.rescore import _source
-
-    path = Path(path)
-    if path.is_file():
-        return [(-1, path)], _source(path.parent)
-    files = sorted(path.glob("rollouts/iter-*.jsonl.gz"))
-    if files:
-        found = [(int(re.search(r"iter-(\d+)", f.name).group(1)), f) for f in files]
-        if iteration is not None:
-            found = [(it, f) for it, f in found if it == iteration]
-            if not found:
-                raise ValueError(f"{path} has no rollouts of iteration {iteration}")
-        return found, _source(path)
-    if (path / "episodes.jsonl").is_file():
-        return [(-1, path / "episodes.jsonl")], _source(path)
-    raise FileNotFoundError(f"{path} holds neither rollouts/*.jsonl.gz nor episodes.jsonl")
 
 
 def step_table(path: Path, estimators: Iterable[str] = (), iteration: int | None = None
                ) -> tuple[dict[str, list], dict]:
-    """The export's columns (one entry per step) and its source."""
+    """The export's columns (one entry per step) and its source: each iteration's steps
+    as ``gaca-rescore`` reads and scores them."""
     from gaca_agent.advantages import compute
-    from gaca_agent.analysis.audit import read_records
-    from gaca_agent.analysis.rescore import DEFAULTS, batch_of
+    from gaca_agent.analysis.rescore import (DEFAULTS, batch_of, rollout_files, source_files,
+                                             step_rows)
 
-    files, source = source_files(path, iteration)
-    by_iteration: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for n, (it, file) in enumerate(files):
-        for record in read_records(file):
-            if record.get("failed"):
-                continue
-            scope = f"it{it}" if it >= 0 else f"f{n}"  # an iteration's groups span ranks
-            for step in record["trajectory"]:
-                by_iteration[it].append({
-                    **step, "iteration": it, "task_id": record["task_id"],
-                    "task": record.get("task", ""),
-                    "group": f"{scope}/g{record.get('group', record['index'])}",
-                    "traj": f"{scope}/{'' if it >= 0 else n}t"
-                            f"{record.get('traj', record['index'])}"})
+    if iteration is None:
+        found, source = source_files(path)
+    else:
+        chosen, source = rollout_files(Path(path), iteration)
+        found = [(source.get("iteration", -1), f) for f in chosen]
+    by_iteration: dict[int, list[Path]] = defaultdict(list)
+    for it, file in found:
+        by_iteration[it].append(file)
     columns: dict[str, list] = defaultdict(list)
     for it in sorted(by_iteration):
-        rows = by_iteration[it]
+        rows = [{**row, "iteration": it, "group": label(it, row["group"]),
+                 "traj": label(it, row["traj"])} for row in step_rows(by_iteration[it])]
         scored = {name: compute(name, batch_of(rows, "state"), details=True,
                                 **DEFAULTS.get(name, {})) for name in estimators}
         for i, r in enumerate(rows):
@@ -93,6 +67,13 @@ def step_table(path: Path, estimators: Iterable[str] = (), iteration: int | None
     if not columns:
         raise ValueError(f"{path} holds no steps of episodes that did not fail")
     return dict(columns), source
+
+
+def label(iteration: int, key) -> str:
+    """A group or trajectory id unique in the export: ``it3/7`` (iteration 3's group 7),
+    ``eval/0/7`` (group 7 of an evaluation's first file)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return "/".join([f"it{iteration}" if iteration >= 0 else "eval", *map(str, parts)])
 
 
 def export(path: Path, to: Path, estimators: Iterable[str] = (),

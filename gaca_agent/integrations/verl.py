@@ -43,23 +43,22 @@ def step_batch(token_level_rewards, response_mask, index, *, traj_index=None,
     group = _np(index) if index is not None else np.zeros(n, dtype=np.int64)
     traj = _np(traj_index) if traj_index is not None else np.arange(n)
     _, traj_codes = np.unique(traj, return_inverse=True)
-    t = np.zeros(n, dtype=np.int64)
-    seen: dict[int, int] = {}
-    for i, code in enumerate(traj_codes.tolist()):  # rows of a trajectory in step order
-        t[i], seen[code] = seen.get(code, 0), seen.get(code, 0) + 1
-    reward = (_np(rewards).astype(np.float64) if rewards is not None
-              else _np(token_level_rewards).astype(np.float64).sum(-1))
     state = np.asarray(anchor_obs, dtype=object) if anchor_obs is not None else group
-    following = {}  # the next row of each row's trajectory (its next state)
-    terminal = np.zeros(n, dtype=bool)
+    # rows of a trajectory come in step order: count them, and link each to the next
+    t = np.zeros(n, dtype=np.int64)
+    following: dict[int, int] = {}
     last_row: dict[int, int] = {}
     for i, code in enumerate(traj_codes.tolist()):
         if code in last_row:
+            t[i] = t[last_row[code]] + 1
             following[last_row[code]] = i
         last_row[code] = i
+    terminal = np.zeros(n, dtype=bool)
     terminal[list(last_row.values())] = True
     next_state = np.array([state[following[i]] if i in following else "<end>"
                            for i in range(n)], dtype=object)
+    reward = (_np(rewards).astype(np.float64) if rewards is not None
+              else _np(token_level_rewards).astype(np.float64).sum(-1))
     nll = None
     if old_log_probs is not None:
         lp = _np(old_log_probs).astype(np.float64)

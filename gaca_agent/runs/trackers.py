@@ -13,10 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-TRACKERS = ("tensorboard", "wandb", "trackio")
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
-
-
 class Tracker:
     def log(self, metrics: dict[str, float], step: int) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -78,14 +74,9 @@ KINDS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}
 
 def open_trackers(kinds: tuple[str, ...], run_dir: Path, name: str, project: str,
                   config: dict) -> list[Tracker]:
-    """The trackers of ``kinds``; a missing package is an error naming its install."""
-    out = []
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"unknown tracker {kind!r}; valid: {list(TRACKERS)}")
-        try:
-            out.append(KINDS[kind](run_dir, name=name, project=project, config=config))
-        except ImportError as err:
-            raise ImportError(f"logging: {kind} needs the {PACKAGES[kind]} package "
-                              f"(pip install {PACKAGES[kind]}): {err}") from err
-    return out
+    """The trackers of ``kinds`` (each named as its package; ``check_config`` refuses a
+    missing one before the run starts)."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown tracker(s) {unknown}; valid: {list(KINDS)}")
+    return [KINDS[k](run_dir, name=name, project=project, config=config) for k in kinds]
