@@ -242,11 +242,11 @@ def test_a_fresh_interpreter_makes_a_gaca_env_with_nothing_imported():
     import sys
 
     code = ("import gymnasium as gym; env = gym.make('gaca_envs:gaca/Diag-Signs-v0'); "
-            "obs, info = env.reset(seed=0); print(info['admissible_actions'])")
+            "obs, info = env.reset(seed=0); print(info['task'], info['admissible_actions'])")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "walk forward" in run.stdout
+    assert "follow the sign" in run.stdout and "walk forward" in run.stdout
 
 
 # ------------------------------------------------------------------- W&B and Trackio
