@@ -81,6 +81,17 @@ def tiny_model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
+@pytest.fixture
+def fresh_accelerate():
+    """accelerate's state is process-wide: a test that builds another library's trainer
+    (TRL's set bf16) must not leave it to the learner tests on the same worker."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def full_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
     """Reference log-probs: log-softmax over the whole vocabulary in one teacher-forced
     pass, float64 (the plain computation the memory-bounded paths must equal)."""

@@ -187,7 +187,7 @@ def test_trl_environment_plays_as_the_gym_env_and_keeps_ends_apart():
 
 @needs_trl
 def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_path,
-                                                          monkeypatch):
+                                                          monkeypatch, fresh_accelerate):
     """TRL probes the class (its tool and reward), plays it in its rollout loop and logs
     the env's reward under the class name. The random tiny model rarely writes a tool
     call, so the logged reward is the env's (zero) return: the tool path itself is

@@ -132,6 +132,22 @@ def make_learner(path, **kw):
     return Learner(path, tok, cfg, Accelerator(cpu=True)), tok
 
 
+def test_a_process_wide_mixed_precision_is_refused_not_added(tiny_model_path,
+                                                            fresh_accelerate):
+    """An earlier Accelerator left bf16 autocast in the process (TRL's trainers default to
+    it): the learner, which casts itself, refuses to start rather than update in bf16."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from gaca_agent.learner.core import Learner, LearnerConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    leaked = Accelerator(cpu=True, mixed_precision="bf16")
+    for acc in (None, leaked):  # its own accelerator, or one handed in
+        with pytest.raises(ValueError, match="learner.bf16.*autocasts to bf16"):
+            Learner(tiny_model_path, tok, LearnerConfig(), acc)
+
+
 def capture_grads(learner):
     """Record the gradients the optimizer is about to apply."""
     seen = {}

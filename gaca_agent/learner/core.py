@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gaca_agent.learner.accelerator import check_precision, make_accelerator
 from gaca_agent.learner.logprobs import forward_token_logprobs
 from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_rows, split_even,
                                       with_advantages)
@@ -52,10 +53,9 @@ class Learner:
 
     def __init__(self, model: Any, tokenizer: Any, config: LearnerConfig,
                  accelerator: Any = None, reference: Any = None) -> None:
-        from accelerate import Accelerator
-
         self.config, self.tokenizer = config, tokenizer
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.accelerator = accelerator or make_accelerator()
+        check_precision(self.accelerator)
         if config.fsdp and self.accelerator.num_processes > 1 and \
                 self.accelerator.state.distributed_type.name.startswith("FSDP"):
             raise ValueError("learner.fsdp shards the model itself: launch with a plain "

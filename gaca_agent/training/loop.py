@@ -109,12 +109,12 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     """The run directory, learner (restored from the latest checkpoint when resuming),
     policies, collectors and weight sync of a run."""
     import torch
-    from accelerate import Accelerator
     from transformers import AutoTokenizer
 
+    from gaca_agent.learner.accelerator import make_accelerator
     from gaca_agent.learner.core import Learner
 
-    acc = Accelerator(cpu=not torch.cuda.is_available())
+    acc = make_accelerator()
     run_dir = resume or Path(cfg.out_dir) / cfg.name
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume is None and (run_dir / "metrics.jsonl").exists():
