@@ -8,6 +8,10 @@ bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scie
 if [ "${GACA_TEST_UPSTREAM:-1}" = 1 ]; then
     bash scripts/setup_upstream.sh
 fi
+# verifiers (it pins mcp 2, which OpenEnv's client cannot take) in its own side environment.
+if [ "${GACA_TEST_VERIFIERS:-1}" = 1 ]; then
+    bash scripts/setup_verifiers.sh
+fi
 # The browser tests need Debian's Chromium and its driver.
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     echo "installing chromium and chromium-driver (apt-get)"

@@ -234,6 +234,51 @@ def test_trls_grpo_trainer_trains_two_steps_on_a_gaca_env(tmp_path, tiny_model_p
                                                  .split("; ")[0])
 
 
+# ------------------------------------------------------------------------- verifiers
+VERIFIERS = Path(__file__).resolve().parents[1] / ".venv-verifiers" / "bin" / "python"
+
+
+@pytest.mark.skipif(not VERIFIERS.exists(), reason="needs the verifiers side environment "
+                    "(it pins mcp 2, OpenEnv mcp 1): bash scripts/setup_verifiers.sh")
+def test_verifiers_own_rollouts_play_a_gaca_env_as_the_gym_env_does(tmp_path):
+    """verifiers' Env.run_slot, its null harness (a chat program in a subprocess) and its
+    interception play two tasks against a scripted chat server: each reply to a user turn
+    is stepped, and the turns, actions, state keys, reward and ends equal a local replay."""
+    from gaca_agent.integrations.render import render
+    from verifiers_probe import choose
+
+    limit = 11  # task 0 runs out of time (truncated), task 1 reaches the exit (terminated)
+    out = subprocess.run([str(VERIFIERS), str(Path(__file__).parent / "verifiers_probe.py"),
+                          "--tasks", "2", "--env-kwargs", json.dumps({"max_episode_steps":
+                                                                      limit})],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "GACA_PROBE_KEY": "unused"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    episodes = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [e["name"] for e in episodes] == ["gaca/Diag-Signs-v0#0", "gaca/Diag-Signs-v0#1"]
+    ends = set()
+    for seed, e in enumerate(episodes):
+        assert e["ok"] and not e["errors"]
+        env = gym.make("gaca/Diag-Signs-v0", max_episode_steps=limit)
+        obs, info = env.reset(seed=seed)
+        turns, keys, ret = [render(obs, info, task=True)], [info["state_key"]], 0.0
+        for k, action in enumerate(e["trace_info"]["actions"]):
+            # the model's reply to the k-th user turn it saw is the k-th action stepped
+            assert action == choose([{"role": "user", "content": u}
+                                     for u in e["users"][:k + 1]], 0)
+            obs, r, term, trunc, info = env.step(action)
+            ret, keys = ret + r, keys + [info["state_key"]]
+            if not (term or trunc):
+                turns.append(render(obs, info))
+        assert e["users"] == turns
+        assert e["trace_info"]["state_keys"] == keys
+        assert e["reward"] == pytest.approx(ret)
+        assert e["metrics"] == {"won": float(info["won"]), "steps": float(len(keys) - 1),
+                                "terminated": float(term), "truncated": float(trunc)}
+        ends.add((term, trunc))
+    assert (False, True) in ends and any(t for t, _ in ends)
+
+
 # ------------------------------------------------------------------------- Gymnasium
 def test_a_fresh_interpreter_makes_a_gaca_env_with_nothing_imported():
     """Gymnasium 1.x has no env plugin entry point (1.0 removed it): its own way to make
