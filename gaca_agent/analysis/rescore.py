@@ -127,19 +127,21 @@ def batch_of(rows: list[dict[str, Any]], anchor: str):
         observation=[r["observation"] for r in rows])
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """0-based ranks of ``x``, ties given their average rank."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="mergesort")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x))
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=r)
+    return (sums / counts)[inverse]
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     from gaca_agent.advantages.stats import safe_corr
 
-    def ranks(x):
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x))
-        # average ranks of ties
-        _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-        sums = np.bincount(inverse, weights=r)
-        return (sums / counts)[inverse]
-
-    return safe_corr(ranks(a), ranks(b))
+    return safe_corr(average_ranks(a), average_ranks(b))
 
 
 def exact_advantages(rows: list[dict[str, Any]], source: dict[str, Any], gamma: float):

@@ -1,0 +1,1 @@
+"""``gaca-view``: a local web app over run and evaluation folders (see :mod:`.app`)."""
