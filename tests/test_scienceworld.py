@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import gymnasium as gym
@@ -234,11 +235,15 @@ def test_same_actions_give_the_same_worlds(task, n):
 
 @pytest.mark.slow
 def test_gold_path_wins_the_first_test_variation_of_every_task_type(every_type):
+    """A third of the types (every third, from the second: the shared-JVM test plays every
+    fifth from the first); all 30 with GACA_TEST_ALL_TASK_TYPES=1 (about 11 minutes)."""
     u = every_type.unwrapped
     first = {}
     for k, v in enumerate(u.variations):
         first.setdefault(v.task_type, k)
     assert len(first) == 30
+    if os.environ.get("GACA_TEST_ALL_TASK_TYPES") != "1":
+        first = dict(list(first.items())[1::3])
     lost, retried = {}, {}
     for task, k in first.items():
         # Bees make grow-fruit's and the genetics types' worlds depend on the engine's
