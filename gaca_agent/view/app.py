@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -130,6 +131,16 @@ def finite(x: Any) -> Any:
     return x
 
 
+class ViewServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A browser that closed its connection is not an error worth a traceback."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None) -> ThreadingHTTPServer:
     """The viewer's server over ``root`` (not started: ``serve_forever``)."""
@@ -140,6 +151,4 @@ def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
                          "serve on 127.0.0.1)")
     if not Path(root).is_dir():
         raise FileNotFoundError(f"{root} is not a folder")
-    server = ThreadingHTTPServer((host, port), make_handler(Api(Path(root)), token))
-    server.daemon_threads = True
-    return server
+    return ViewServer((host, port), make_handler(Api(Path(root)), token))
