@@ -8,17 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
-if [ ! -x .venv/bin/python ]; then
-    echo "error: .venv is missing: run bash scripts/setup.sh first" >&2
-    exit 1
-fi
-SITE="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-PY="$(.venv/bin/python -c 'import sys; print(sys._base_executable)')"
-if [ ! -x .venv-upstream/bin/python ]; then
-    "$PY" -m venv .venv-upstream
-fi
-UP_SITE="$(.venv-upstream/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "$SITE" > "$UP_SITE/_gaca_main_venv.pth"
+bash scripts/side_venv.sh .venv-upstream
 if ! .venv-upstream/bin/python -c "import vllm, sglang" 2>/dev/null || \
         [ tests/upstream/requirements.txt -nt .venv-upstream/.installed ]; then
     echo "installing vLLM and SGLang (no CUDA dependencies) into .venv-upstream"

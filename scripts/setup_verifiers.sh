@@ -8,18 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
-if [ ! -x .venv/bin/python ]; then
-    echo "error: .venv is missing: run bash scripts/setup.sh first" >&2
-    exit 1
-fi
-SITE="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-PY="$(.venv/bin/python -c 'import sys; print(sys._base_executable)')"
-if [ ! -x .venv-verifiers/bin/python ]; then
-    "$PY" -m venv .venv-verifiers
-fi
-SIDE="$(.venv-verifiers/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-# addsitedir, not a bare path: .venv's own .pth files (gaca's editable install) count too
-echo "import site; site.addsitedir('$SITE')" > "$SIDE/_gaca_main_venv.pth"
+bash scripts/side_venv.sh .venv-verifiers
 if ! .venv-verifiers/bin/python -c "import verifiers.v1, uv" 2>/dev/null; then
     echo "installing verifiers 0.4.0 and uv into .venv-verifiers"
     .venv-verifiers/bin/python -m pip install --quiet "verifiers==0.4.0" "uv==0.13.8"
