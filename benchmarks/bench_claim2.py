@@ -25,7 +25,7 @@ from bench_credit import GAMMA, behaviour  # noqa: E402
 
 from gaca_agent.advantages import StepBatch, compute  # noqa: E402
 from gaca_agent.advantages.gaca import criticality  # noqa: E402
-from gaca_agent.analysis.risk import alignment  # noqa: E402
+from gaca_agent.analysis.risk import alignment, parts  # noqa: E402
 from gaca_envs.diag import exact_values, simulate, softmax_policy  # noqa: E402
 from gaca_envs.diag.env import build_world  # noqa: E402
 from gaca_envs.diag.worlds import WORLDS  # noqa: E402
@@ -63,11 +63,9 @@ def sample(world: str, kind: str, size: int, anchor: str, rng):
 
 
 def one(batch: StepBatch, exact: np.ndarray) -> dict:
-    a0, _, rows = compute("gaca", batch, details=True, kappa=0.0, norm="mean")
-    u, e0 = rows["step_adv"], a0 - exact
-    _, idx, counts = np.unique(np.stack([batch.group, batch.state]), axis=1,
-                               return_inverse=True, return_counts=True)
-    z = criticality(batch.nll.astype(float), batch.traj, counts[idx.ravel()] >= 2)
+    a0, _, u, _, eligible = parts(batch, kappa=0.0)
+    e0 = a0 - exact
+    z = criticality(batch.nll.astype(float), batch.traj, eligible)
     err = {k: float(np.mean((compute("gaca", batch, kappa=k, norm="mean")[0] - exact) ** 2))
            for k in (*KAPPAS, H)}
     return {"alpha": alignment(z, u, e0), "m2": float(np.mean(z ** 2 * u ** 2)), "err": err}

@@ -23,19 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_credit import sample_batch  # noqa: E402
 
-from gaca_agent.advantages import compute  # noqa: E402
-from gaca_agent.analysis.risk import decompose, mixture  # noqa: E402
+from gaca_agent.analysis.risk import decompose, mixture, parts  # noqa: E402
 from gaca_envs.diag.worlds import WORLDS  # noqa: E402
 
 
 def terms(batch, exact, form: str, kappa: float) -> dict[str, float]:
-    a, _, rows = compute("gaca", batch, details=True, form=form, kappa=kappa, norm="mean")
-    a_e = compute("gigpo", batch, omega=0.0, norm="mean")[0]
-    _, idx, counts = np.unique(np.stack([batch.group, batch.state]), axis=1,
-                               return_inverse=True, return_counts=True)
-    a0, d, u = mixture(a_e, rows["step_adv"], rows["weight"], form,
-                       eligible=counts[idx.ravel()] >= 2)
-    return decompose(a0, d, u, exact)
+    _, a_e, a_s, mix, eligible = parts(batch, form=form, kappa=kappa)
+    return decompose(*mixture(a_e, a_s, mix, form, eligible=eligible), exact)
 
 
 def main() -> None:

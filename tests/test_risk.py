@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gaca_agent.advantages import compute
 from gaca_agent.analysis.risk import alignment, decompose, mixture
+from gaca_agent.analysis.risk import parts as risk_parts
 from gaca_envs.diag.worlds import WORLDS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -21,13 +21,8 @@ def batch_of(world: str, seed: int):
     return sample_batch(world, "aligned", 1.0, np.random.default_rng(seed))
 
 
-def parts(batch, form: str, kappa: float, norm: str = "mean"):
-    a, _, rows = compute("gaca", batch, details=True, form=form, kappa=kappa, norm=norm)
-    a_e = compute("gigpo", batch, omega=0.0, norm=norm)[0]  # GiGPO's A^E alone
-    _, idx, counts = np.unique(np.stack([batch.group, batch.state]), axis=1,
-                               return_inverse=True, return_counts=True)
-    eligible = counts[idx.ravel()] >= 2
-    return a, a_e, rows["step_adv"], rows["weight"], eligible
+def parts(batch, form: str, kappa: float):
+    return risk_parts(batch, form=form, kappa=kappa)
 
 
 @pytest.mark.parametrize("world", sorted(WORLDS))

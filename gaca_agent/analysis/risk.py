@@ -56,3 +56,15 @@ def mixture(a_e: np.ndarray, a_s: np.ndarray, mix: np.ndarray, form: str, *, ome
 def alignment(z: np.ndarray, u: np.ndarray, e0: np.ndarray) -> float:
     """-mean(z u e0): positive when a small kappa lowers the linear form's error."""
     return float(-np.mean(np.asarray(z) * np.asarray(u) * np.asarray(e0)))
+
+
+def parts(batch, norm: str = "mean", **gaca_params):
+    """GACA's advantage on ``batch`` and its parts: (A, A^E, A^S, w_t or lam_t, rows of
+    anchor groups of two or more). A^E is GiGPO's at omega = 0."""
+    from gaca_agent.advantages import compute
+
+    a, _, rows = compute("gaca", batch, details=True, norm=norm, **gaca_params)
+    a_e = compute("gigpo", batch, omega=0.0, norm=norm)[0]
+    _, idx, counts = np.unique(np.stack([batch.group, batch.state]), axis=1,
+                               return_inverse=True, return_counts=True)
+    return a, a_e, rows["step_adv"], rows["weight"], counts[idx.ravel()] >= 2
