@@ -85,6 +85,13 @@ def site(tmp_path_factory):
         train.kill()
 
 
+def open_page(driver, url: str) -> None:
+    """A fresh load of the page (a bare hash change would keep the last page's DOM on
+    screen until the new route has fetched its data)."""
+    driver.get("about:blank")
+    driver.get(url)
+
+
 def wait_for(driver, css: str, timeout: float = 20.0, count: int = 1):
     from selenium.webdriver.common.by import By
 
@@ -113,7 +120,7 @@ def test_a_runs_curve_updates_while_gaca_train_writes_it(site):
         assert train.poll() is None, train.stderr.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(1)
-    driver.get(site["base"] + "#/run/live")
+    open_page(driver, site["base"] + "#/run/live")
     points = []
     wait_for(driver, "#curve-success svg")
     while train.poll() is None and time.monotonic() < deadline:
@@ -154,7 +161,7 @@ def test_clicking_a_step_shows_its_fields_and_its_anchor_group(site):
 
     driver = site["driver"]
     assert site["train"].wait(timeout=600) == 0
-    driver.get(site["base"] + "#/it/live/2")
+    open_page(driver, site["base"] + "#/it/live/2")
     cells = wait_for(driver, "td.cell")
     rows = stored_rows(site["runs"] / "live", 2)
     assert len(cells) == len(rows)
@@ -183,7 +190,7 @@ def test_estimators_side_by_side_rescore_the_stored_rollout(site):
 
     driver = site["driver"]
     assert site["train"].wait(timeout=600) == 0
-    driver.get(site["base"] + "#/it/live/2")
+    open_page(driver, site["base"] + "#/it/live/2")
     wait_for(driver, "td.cell")
     for box in driver.find_elements(By.CSS_SELECTOR, "#est-choices input"):
         if box.is_selected() != (box.get_attribute("value") in ("grpo", "gaca")):
@@ -219,14 +226,14 @@ def test_an_evaluation_filters_by_outcome_and_two_compare_per_task_type(site):
     from selenium.webdriver.support.ui import Select
 
     driver = site["driver"]
-    driver.get(site["base"] + "#/it/random/-1")
+    open_page(driver, site["base"] + "#/it/random/-1")
     wait_for(driver, "td.cell")
     records = [json.loads(x) for x in (site["runs"] / "random" / "episodes.jsonl").open()]
     Select(driver.find_element(By.ID, "filter-outcome")).select_by_value("won")
     shown = driver.find_elements(By.CSS_SELECTOR, "#groups tr")
     assert len(shown) == sum(r["won"] for r in records)
     assert all(" won" in tr.find_elements(By.TAG_NAME, "td")[0].text for tr in shown)
-    driver.get(site["base"] + "#/suite/random/crafted")
+    open_page(driver, site["base"] + "#/suite/random/crafted")
     rows = wait_for(driver, "#suite-table tr", count=2)
     text = "\n".join(r.text for r in rows)
     won = sum(r["won"] for r in records)
@@ -239,7 +246,7 @@ def test_hostile_text_is_shown_as_text_and_broken_files_render_with_the_reason(s
     from selenium.webdriver.common.by import By
 
     driver = site["driver"]
-    driver.get(site["base"] + "#/it/crafted/-1")
+    open_page(driver, site["base"] + "#/it/crafted/-1")
     cells = wait_for(driver, "td.cell", count=2)
     assert "invalid" in cells[0].get_attribute("class")
     cells[0].click()
@@ -250,7 +257,7 @@ def test_hostile_text_is_shown_as_text_and_broken_files_render_with_the_reason(s
     assert "worker killed <b>here</b>" in driver.find_element(By.ID, "groups").text
     assert driver.title == "gaca-view"
     shot(driver, "crafted")
-    driver.get(site["base"] + "#/it/live/99")  # an iteration the run did not keep
+    open_page(driver, site["base"] + "#/it/live/99")  # an iteration the run did not keep
     assert "kept no rollouts of iteration 99" in _error(driver)
 
 
@@ -275,7 +282,7 @@ def test_the_audit_lists_aliased_groups_and_a_click_opens_the_step(site):
     driver = site["driver"]
     assert site["train"].wait(timeout=600) == 0
     want = audit_groups(episodes(site["runs"] / "live", 2))
-    driver.get(site["base"] + "#/audit/live/2")
+    open_page(driver, site["base"] + "#/audit/live/2")
     wait_for(driver, "#aliased")
     shown = driver.find_elements(By.CSS_SELECTOR, "#aliased tr")[1:]
     assert len(shown) == min(want["aliased_total"], 200) and want["aliased_total"] > 0
