@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 MIXED = ("the learner sets its own precision (learner.bf16), but accelerate in this process "
-         "already autocasts to {mp}: an earlier Accelerator (a TRL or transformers trainer, "
-         "or `accelerate launch --mixed_precision`) set it. Use learner.bf16 instead and "
-         "start the learner in a fresh process")
+         "already autocasts to {mp}: an earlier Accelerator (a TRL or transformers trainer) "
+         "or the one handed in set it. Use learner.bf16 instead, with a fresh process or an "
+         "Accelerator(mixed_precision='no')")
 
 
 def make_accelerator() -> Any:
