@@ -214,7 +214,7 @@ def rescore(rows, source, estimators: list[str], params: dict[str, dict], anchor
             result["estimators"][name]["exact_corr"] = safe_corr(adv[name][mask], truth[mask])
             result["estimators"][name]["exact_mse"] = float(
                 np.mean((mean_norm[mask] - truth[mask]) ** 2)) if mask.any() else 0.0
-    result["_advantages"] = adv
+    result["_advantages"], result["_exact"] = adv, exact  # per row, for plots and gaca-view
     return result
 
 

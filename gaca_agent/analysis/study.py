@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gaca_agent.runs.rundir import read_metrics
+
 #: Every run trains the shipped ``default`` config (gaca_agent/configs/default.yaml).
 BASE_CONFIG = "default"
 
@@ -212,11 +214,6 @@ def t_interval(values: list[float]) -> tuple[float, float]:
         return mean, 0.0
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return mean, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:

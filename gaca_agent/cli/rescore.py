@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         plot(result, out / "rescore.png")
     except ImportError:
         pass
-    result.pop("_advantages")
+    for key in ("_advantages", "_exact"):  # per-row arrays, not for rescore.json
+        result.pop(key)
     (out / "rescore.json").write_text(json.dumps(result, indent=2))
     table = markdown(result)
     (out / "rescore.md").write_text(table + "\n")

@@ -104,17 +104,19 @@ class GacaTaskset(vf.Taskset[GacaTask, GacaTasksetConfig]):
         c = self.config
         plan = ([(c.seed + i, t) for i, t in enumerate(c.task_ids)] if c.task_ids
                 else [(c.seed + i, None) for i in range(c.tasks)])
-        for seed, task_id in plan:
-            info = {"env": c.env, "seed": seed, "task_id": task_id,
-                    "env_kwargs": dict(c.env_kwargs)}
-            env = make_env(info)
-            try:
+        infos = [{"env": c.env, "seed": seed, "task_id": task_id,
+                  "env_kwargs": dict(c.env_kwargs)} for seed, task_id in plan]
+        env = make_env(infos[0]) if infos else None  # one env resets into every task
+        try:
+            for info in infos:
                 obs, first = reset(env, info)
-            finally:
+                name = f"{c.env}#{info['seed']}" + (
+                    "" if info["task_id"] is None else f"/task{info['task_id']}")
+                yield GacaTask(GacaData(name=name, prompt=render(obs, first, task=True),
+                                        system_prompt=SYSTEM_PROMPT, info=info), c.task)
+        finally:
+            if env is not None:
                 env.close()
-            name = f"{c.env}#{seed}" + ("" if task_id is None else f"/task{task_id}")
-            yield GacaTask(GacaData(name=name, prompt=render(obs, first, task=True),
-                                    system_prompt=SYSTEM_PROMPT, info=info), c.task)
 
 
 def load_environment(env: str = "gaca/Diag-Signs-v0", **taskset: Any) -> vf.Env:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,9 @@ PANELS = (("rollout/success", "eval/success"), ("losses/policy", "losses/kl"),
 def plot_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     out = run_dir / "curves.png"
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if line.strip()]
+    from gaca_agent.runs.rundir import read_metrics
+
+    rows = read_metrics(run_dir)
     size = (4 * len(PANELS), 3.2)
     with figure(out, 1, len(PANELS), figsize=size) as (fig, axes):
         for ax, keys in zip(axes, PANELS):

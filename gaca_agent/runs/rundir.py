@@ -90,6 +90,15 @@ class MetricsLog:
         self.trackers = []
 
 
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl`` (none when absent); a line left unfinished by
+    a kill, or by a write in progress, is skipped as :class:`MetricsLog` drops it."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if _json_ok(line)]
+
+
 def _has(module: str) -> bool:
     import importlib.util
 

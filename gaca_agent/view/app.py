@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
+from gaca_agent.runs.rundir import read_metrics
 from gaca_agent.view import credit, store
 
 STATIC = Path(__file__).parent / "static"
@@ -36,7 +37,7 @@ class Api:
     def run(self, q: dict[str, str]) -> Any:
         folder = store.resolve(self.root, q["name"])
         return {**store.summary(self.root, q["name"], store.kind_of(folder)),
-                "config": store.read_config(folder), "metrics": store.read_metrics(folder),
+                "config": store.read_config(folder), "metrics": read_metrics(folder),
                 "iterations": store.iterations(folder)}
 
     def _records(self, q: dict[str, str]) -> tuple[Path, int, list[dict[str, Any]]]:
@@ -53,9 +54,9 @@ class Api:
         return credit.step(records, q["traj"], int(q["t"]))
 
     def compare(self, q: dict[str, str]) -> Any:
-        folder, it, _ = self._records(q)
         from gaca_agent.analysis.rescore import rollout_files
 
+        folder, it = store.resolve(self.root, q["name"]), int(q.get("it", -1))
         files, source = rollout_files(folder, None if it == -1 else it)
         return credit.compare(files, source, [e for e in q.get("est", "").split(",") if e],
                               q.get("anchor", "state"))

@@ -109,8 +109,7 @@ def compare(files: list, source: dict[str, Any], estimators: list[str], anchor: 
     """Every chosen estimator on the stored rollout (``gaca-rescore``'s code), per step,
     the exact advantage on diagnostic worlds, and the steps they rank most differently."""
     from gaca_agent.advantages import names
-    from gaca_agent.analysis.rescore import (DEFAULTS, average_ranks, exact_advantages,
-                                             rescore, step_rows)
+    from gaca_agent.analysis.rescore import average_ranks, rescore, step_rows
 
     unknown = [e for e in estimators if e not in names()]
     if unknown or len(estimators) < 2:
@@ -118,7 +117,7 @@ def compare(files: list, source: dict[str, Any], estimators: list[str], anchor: 
     rows = step_rows(files)
     result = rescore(rows, source, estimators, {}, anchor)
     adv = {k: v.tolist() for k, v in result.pop("_advantages").items()}
-    exact = exact_advantages(rows, source, DEFAULTS["gigpo"]["gamma"])
+    exact = result.pop("_exact")
     truth = None if exact is None else [float(x) if m else None
                                         for m, x in zip(exact[0], exact[1])]
     ranks = {k: average_ranks(v).tolist() for k, v in adv.items()}

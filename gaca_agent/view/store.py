@@ -11,13 +11,14 @@ code: the estimators load only when a comparison is asked for (:mod:`credit`).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from gaca_agent.analysis.audit import read_records
+from gaca_agent.analysis.rescore import source_files
+from gaca_agent.runs.rundir import read_metrics
 
 LIVE_S = 120.0  # a run whose metrics changed this recently is shown as running
 _CACHE: OrderedDict[tuple, list[dict[str, Any]]] = OrderedDict()
@@ -118,34 +119,22 @@ def run_status(folder: Path, metrics: list[dict[str, Any]], cfg: dict[str, Any])
     return "running" if time.time() - mtime < LIVE_S else "stopped"
 
 
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    """The run's ``metrics.jsonl`` rows (a partial last line skipped)."""
-    path = folder / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
-
-
 def iterations(folder: Path) -> list[int]:
     """The iterations whose rollouts the run kept (``-1``: an evaluation's one batch)."""
-    if kind_of(folder) == "eval":
-        return [-1]
-    its = {int(m.group(1)) for f in (folder / "rollouts").glob("iter-*.jsonl.gz")
-           if (m := re.search(r"iter-(\d+)", f.name))}
-    return sorted(its)
+    return sorted({it for it, _ in _found(folder)})
+
+
+def _found(folder: Path) -> list[tuple[int, Path]]:
+    try:
+        return source_files(folder)[0]
+    except FileNotFoundError:  # a run that kept no rollouts
+        return []
 
 
 def episode_files(folder: Path, iteration: int) -> list[Path]:
-    if iteration == -1:
-        if kind_of(folder) != "eval":
-            raise NotFound(f"{folder.name} is a run: name an iteration")
-        return [folder / "episodes.jsonl"]
-    files = sorted((folder / "rollouts").glob(f"iter-{iteration:05d}.*jsonl.gz"))
+    if iteration == -1 and kind_of(folder) != "eval":
+        raise NotFound(f"{folder.name} is a run: name an iteration")
+    files = [f for it, f in _found(folder) if it == iteration]
     if not files:
         raise NotFound(f"{folder.name} kept no rollouts of iteration {iteration}")
     return files
