@@ -105,3 +105,44 @@ def test_paired_statistics_and_sign_test():
         2 * sum(math.comb(10, i) for i in range(3)) / 1024)
     mean, half = t_interval([0.1, 0.2, 0.3])
     assert mean == pytest.approx(0.2) and half == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+
+
+def test_screening_keeps_the_first_seeds_inside_the_bounds_and_reports_the_rest(tmp_path):
+    """A study's seed rule, applied to the warm-up alone: seeds are tried in pool order,
+    strictly inside (low, high), only until enough are kept; a failed screening run is
+    excluded; every verdict lands in screen.json; and the kept seeds are the ones the
+    study plans its runs with."""
+    from gaca_agent.analysis.screen import Screen, screen
+    from gaca_agent.analysis.study import Preset, Run, plan
+
+    warm = {0: 0.0, 1: 0.25, 2: 0.9, 3: None, 4: 0.5, 5: 0.95, 6: 0.3, 7: 0.4}
+    ran = []
+
+    def execute(run, folder):
+        ran.append(run.seed)
+        assert "iterations=1" in run.overrides and "eval_every=1" in run.overrides
+        if warm[run.seed] is None:
+            return run, False, "failed"
+        (folder / "runs" / run.name).mkdir(parents=True)
+        (folder / "runs" / run.name / "metrics.jsonl").write_text(
+            json.dumps({"iteration": -1, "eval/success": warm[run.seed]}) + "\n"
+            + json.dumps({"iteration": 0, "eval/success": 1.0}) + "\n")
+        return run, True, "ok"
+
+    def make_run(seed, overrides):
+        return Run("w", "gaca/Diag-Signs-v0", "screen", seed, [f"seed={seed}", *overrides])
+
+    rule = Screen(pool=tuple(range(8)), keep=3, low=0.0, high=0.9)
+    kept = screen(rule, "w", ["env.groups=2"], tmp_path, 2, execute, make_run)
+    assert kept == [1, 4, 6]
+    assert sorted(ran) == [0, 1, 2, 3, 4, 5, 6]  # one seed was missing: seed 7 never ran
+    record = json.loads((tmp_path / "screen.json").read_text())["w"]
+    assert record["kept"] == [1, 4, 6]
+    assert record["seeds"]["2"] == {"warmup_success": 0.9, "kept": False}  # the bound is strict
+    assert record["seeds"]["3"] == {"warmup_success": None, "kept": False}
+    preset = Preset(envs=(("w", "gaca/Diag-Signs-v0"),), seeds=(0,), overrides=(),
+                    labels=("grpo", "gaca-k2"))
+    runs = plan(preset, {"w": kept})
+    assert sorted((r.label, r.seed) for r in runs) == [
+        ("gaca-k2", 1), ("gaca-k2", 4), ("gaca-k2", 6), ("grpo", 1), ("grpo", 4), ("grpo", 6)]
+    assert any('"kappa": 2.0' in o for o in runs[-1].overrides + runs[0].overrides)

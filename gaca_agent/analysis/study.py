@@ -1,6 +1,7 @@
 """``gaca-study``: GRPO vs GiGPO vs GACA (and peers) on the diagnostic worlds, with seeds.
 
     gaca-study --preset pivots --out runs/study-pivots     # the 10-seed paired study
+    gaca-study --preset pivots-screened --out runs/study-screened --jobs 2   # seeds screened
     gaca-study --preset full --out runs/study --jobs 2     # scripts/study.sh runs this
     gaca-study --preset ci --out /tmp/study                # the reduced version CI runs
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gaca_agent.analysis.screen import Screen, screen
 from gaca_agent.runs.rundir import read_metrics
 
 #: Every run trains the shipped ``default`` config (gaca_agent/configs/default.yaml).
@@ -43,6 +45,13 @@ ESTIMATORS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "adastep": ("adastep", {"gamma": 0.95}, []),
     "pgpo": ("pgpo", {"gamma": 0.95}, []),
     "empg": ("empg", {}, []),
+}
+#: Settings of an estimator that a preset compares beside the defaults (by label).
+VARIANTS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
+    # kappa 2: the grid's best in every cell where GACA's error fell (docs/study.md, claim 2)
+    "gaca-k2": ("gaca", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0, "form": "linear"}, []),
+    # omega 0.25: a smaller fixed step-level weight, the lowest error there (exploratory)
+    "gigpo-w0.25": ("gigpo", {"gamma": 0.95, "omega": 0.25}, []),
 }
 ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-sigmoid": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "sigmoid"}, []),
@@ -64,6 +73,8 @@ class Preset:
     labels: tuple[str, ...] = tuple(ESTIMATORS)
     pairs: tuple[tuple[str, str], ...] = ()
     """(a, b): report a - b per seed (paired), e.g. ("gaca", "gigpo")."""
+    screen: Screen | None = None
+    """Which seeds enter (then ``seeds`` is unused): see :mod:`gaca_agent.analysis.screen`."""
 
 
 PRESETS = {
@@ -83,6 +94,22 @@ PRESETS = {
                                 "env.eval_kwargs={split: test, level: 3}"),
                      labels=("grpo", "gigpo", "gaca", "adastep", "pgpo"),
                      pairs=(("gaca", "gigpo"), ("gigpo", "grpo"), ("gaca", "grpo"))),
+    # The screened paired study (docs/study.md states its plan first): the same world, seeds
+    # admitted by their warm-up alone (0 < held-out success < 0.9, the first 10 of 0-39),
+    # a learning rate at which GiGPO is still learning after 8 iterations, and claim 2's
+    # settings of GACA (kappa 2) and GiGPO (omega 0.25) beside the defaults.
+    "pivots-screened": Preset(
+        envs=(("pivots-3", "gaca/Diag-Pivots-v0"),), seeds=(),
+        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
+                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
+                   "learner.lr=0.0001", "model.temperature=0.7",
+                   "env.kwargs={split: train, level: 3}",
+                   "env.eval_kwargs={split: test, level: 3}"),
+        labels=("grpo", "gigpo", "gaca", "adastep", "pgpo", "gaca-k2", "gigpo-w0.25"),
+        pairs=(("gaca", "gigpo"), ("gaca-k2", "gigpo"), ("gaca-k2", "gaca"),
+               ("gigpo-w0.25", "gigpo"), ("gigpo", "grpo"), ("gaca", "grpo"),
+               ("adastep", "gigpo"), ("pgpo", "gigpo")),
+        screen=Screen(pool=tuple(range(40)), keep=10, low=0.0, high=0.9)),
     "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
                  overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
                             "env.eval_episodes=4", "checkpoint_every=0", "warmup.bc_steps=5",
@@ -103,19 +130,36 @@ class Run:
         return f"{self.env_label}__{self.label}__s{self.seed}"
 
 
-def plan(preset: Preset) -> list[Run]:
+def plan(preset: Preset, seeds: dict[str, list[int]] | None = None) -> list[Run]:
+    """Every run of ``preset``: per environment, label and seed (``seeds[env_label]`` where
+    given, else the preset's)."""
     runs = []
     for env_label, env_id in preset.envs:
-        table = {k: v for k, v in ESTIMATORS.items() if k in preset.labels}
+        table = {k: v for k, v in {**ESTIMATORS, **VARIANTS}.items() if k in preset.labels}
         if env_label in preset.ablation_envs:
             table.update(ABLATIONS)
         for label, (estimator, params, extra) in table.items():
-            for seed in preset.seeds:
+            for seed in (seeds or {}).get(env_label, preset.seeds):
                 runs.append(Run(env_label, env_id, label, seed, [
                     f"env.id={env_id}", f"algo.estimator={estimator}",
                     f"algo.params={json.dumps(params)}", f"seed={seed}",
                     *preset.overrides, *extra]))
     return runs
+
+
+def screened_seeds(preset: Preset, out: Path, jobs: int) -> dict[str, list[int]] | None:
+    """Per environment, the seeds ``preset.screen`` admits (None: the preset's seeds)."""
+    if preset.screen is None:
+        return None
+    result = {}
+    for env_label, env_id in preset.envs:
+        def make_run(seed: int, overrides: list[str], env_label=env_label, env_id=env_id) -> Run:
+            return Run(env_label, env_id, "screen", seed,
+                       [f"env.id={env_id}", f"seed={seed}", *overrides])
+
+        result[env_label] = screen(preset.screen, env_label, preset.overrides, out, jobs,
+                                   execute, make_run)
+    return result
 
 
 def sign_test(differences: list[float]) -> float:

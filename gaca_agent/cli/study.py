@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gaca_agent.analysis import study as _module
 from gaca_agent.analysis.study import (PRESETS, aggregate, execute, markdown, paired,
-                                       paired_markdown, plan, plot)
+                                       paired_markdown, plan, plot, screened_seeds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="runs at once, one thread each (default: the cores)")
     args = parser.parse_args(argv)
-    runs = plan(PRESETS[args.preset])
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    runs = plan(PRESETS[args.preset], screened_seeds(PRESETS[args.preset], args.out, args.jobs))
     failed = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for i, (run, ok, message) in enumerate(pool.map(lambda r: execute(r, args.out), runs), 1):
