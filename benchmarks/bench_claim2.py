@@ -42,10 +42,15 @@ def policy_of(mdp, kind: str, rng):
 
 
 def sample(world: str, kind: str, size: int, anchor: str, rng):
+    mdps = (build_world(world, int(task)) for task in rng.choice(64, size=TASKS, replace=False))
+    return sample_from(((mdp, policy_of(mdp, kind, rng)) for mdp in mdps), size, anchor, rng)
+
+
+def sample_from(tasks, size: int, anchor: str, rng):
+    """One batch: ``size`` rollouts of each (mdp, tabular policy) of ``tasks`` (a group
+    each), its GiGPO inputs and the exact advantages of the policy."""
     cols, exact, traj = defaultdict(list), [], 0
-    for g, task in enumerate(rng.choice(64, size=TASKS, replace=False)):
-        mdp = build_world(world, int(task))
-        pi = policy_of(mdp, kind, rng)
+    for g, (mdp, pi) in enumerate(tasks):
         adv = exact_values(mdp, pi, GAMMA).A
         key = (lambda s: g * 1000 + s) if anchor == "state" else \
             (lambda s: hash((g, mdp.observations[s])) % (2 ** 61))

@@ -51,10 +51,15 @@ def policy_of(mdp, kind: str, rng):
 
 
 def rows(world: str, kind: str, rng) -> dict[str, list]:
+    mdps = (build_world(world, int(task)) for task in rng.choice(64, size=16, replace=False))
+    return rows_from(((mdp, policy_of(mdp, kind, rng)) for mdp in mdps), rng)
+
+
+def rows_from(tasks, rng) -> dict[str, list]:
+    """Per step of 8 rollouts of each (mdp, tabular policy) of ``tasks``: the NLL, the
+    exact Q-spread and Var_pi Q at its state, and whether the state is pivotal."""
     out = {"nll": [], "spread": [], "var": [], "pivotal": []}
-    for task in rng.choice(64, size=16, replace=False):
-        mdp = build_world(world, int(task))
-        pi = policy_of(mdp, kind, rng)
+    for mdp, pi in tasks:
         q = exact_values(mdp, pi, GAMMA).Q
         q_star = exact_values(mdp, optimal_policy(mdp, GAMMA), GAMMA).Q
         gap = np.array([x.max() - x.min() for x in q_star])
@@ -76,19 +81,27 @@ def corr(a, b) -> float:
 
 
 def cell(world: str, kind: str, seeds: int) -> dict:
-    per = []
-    for seed in range(seeds):
-        r = rows(world, kind, np.random.default_rng([seed, len(world), len(kind), 3]))
-        piv = np.asarray(r["pivotal"])
-        nll, spread = np.asarray(r["nll"]), np.asarray(r["spread"])
-        per.append({
-            "pearson_spread": corr(nll, spread), "pearson_var": corr(nll, r["var"]),
-            "spearman_spread": corr(average_ranks(nll), average_ranks(spread)),
-            "nll_pivotal": float(nll[piv].mean()) if piv.any() else float("nan"),
-            "nll_routine": float(nll[~piv].mean()) if (~piv).any() else float("nan"),
-            "spread_pivotal": float(spread[piv].mean()) if piv.any() else float("nan"),
-            "spread_routine": float(spread[~piv].mean()) if (~piv).any() else float("nan")})
-    out = {"world": world, "policy": kind}
+    per = [measures(rows(world, kind, np.random.default_rng([seed, len(world), len(kind), 3])))
+           for seed in range(seeds)]
+    return {"world": world, "policy": kind, **summarise(per)}
+
+
+def measures(r: dict[str, list]) -> dict[str, float]:
+    """The correlations and pivotal/routine means of one seed's rows."""
+    piv = np.asarray(r["pivotal"])
+    nll, spread = np.asarray(r["nll"]), np.asarray(r["spread"])
+    return {
+        "pearson_spread": corr(nll, spread), "pearson_var": corr(nll, r["var"]),
+        "spearman_spread": corr(average_ranks(nll), average_ranks(spread)),
+        "nll_pivotal": float(nll[piv].mean()) if piv.any() else float("nan"),
+        "nll_routine": float(nll[~piv].mean()) if (~piv).any() else float("nan"),
+        "spread_pivotal": float(spread[piv].mean()) if piv.any() else float("nan"),
+        "spread_routine": float(spread[~piv].mean()) if (~piv).any() else float("nan")}
+
+
+def summarise(per: list[dict[str, float]]) -> dict[str, float | None]:
+    """Each measure's mean over seeds and its 95% normal interval (NaNs left out)."""
+    out: dict[str, float | None] = {}
     for k in per[0]:
         v = np.asarray([p[k] for p in per])
         v = v[np.isfinite(v)]
