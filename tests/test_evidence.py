@@ -146,3 +146,23 @@ def test_screening_keeps_the_first_seeds_inside_the_bounds_and_reports_the_rest(
     assert sorted((r.label, r.seed) for r in runs) == [
         ("gaca-k2", 1), ("gaca-k2", 4), ("gaca-k2", 6), ("grpo", 1), ("grpo", 4), ("grpo", 6)]
     assert any('"kappa": 2.0' in o for o in runs[-1].overrides + runs[0].overrides)
+
+
+def test_the_per_seed_table_shows_each_labels_curve_after_the_shared_warm_up(tmp_path):
+    from gaca_agent.analysis.study import Run
+    from gaca_agent.analysis.study_report import seed_markdown
+
+    curves = {("gigpo", 3): [0.25, 0.5, 0.75], ("gaca", 3): [0.25, 0.5, 1.0],
+              ("gigpo", 7): [0.125, 0.0, 0.5]}
+    runs = []
+    for (label, seed), points in curves.items():
+        run = Run("w", "gaca/Diag-Pivots-v0", label, seed)
+        runs.append(run)
+        (tmp_path / "runs" / run.name).mkdir(parents=True)
+        (tmp_path / "runs" / run.name / "metrics.jsonl").write_text("".join(
+            json.dumps({"iteration": it, "eval/success": v}) + "\n"
+            for it, v in zip((-1, 1, 3), points)))
+    text = seed_markdown(tmp_path, runs)
+    assert "| seed | warm-up | gigpo | gaca |" in text
+    assert "| 3 | 0.25 | 0.50 0.75 | 0.50 1.00 |" in text
+    assert "| 7 | 0.12 | 0.00 0.50 | - |" in text
