@@ -10,7 +10,8 @@ level), by scoring the well-formed answer for every action of every state at the
 rollout temperature (:mod:`gaca_agent.analysis.tabular`). Then, with exact values under
 that policy, the measures of ``bench_claim3.py`` (the NLL against the exact Q-spread, at
 pivotal and routine steps) and of ``bench_claim2.py`` (the alignment alpha and GACA's
-error against GiGPO's over the kappa grid, group size 8, state anchors), over ``--seeds``
+error against GiGPO's over the kappa grid, at group sizes 4, 8 and 16, state and text
+anchors), over ``--seeds``
 batches per checkpoint; per policy kind, the mean over checkpoints with a 95% interval,
 and the share of probability the well-formed answers hold (what the table leaves out).
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_claim2 import KAPPAS, one, sample_from  # noqa: E402
+from bench_claim2 import H, KAPPAS, one, sample_from  # noqa: E402
 from bench_claim3 import measures, rows_from, summarise  # noqa: E402
 
 from gaca_agent.analysis.study import t_interval  # noqa: E402
@@ -63,14 +64,22 @@ def evaluate(model_dir: str, tok_dir: str, temperature: float, level: int, seeds
     mass = np.concatenate([m for _, _, m in made])
     claim3 = summarise([measures(rows_from(tables, np.random.default_rng([s, seed, 3])))
                         for s in range(seeds)])
-    runs = [one(*sample_from(tables, 8, "state", np.random.default_rng([s, seed, 2])))
-            for s in range(seeds)]
-    err = {k: float(np.mean([r["err"][k] for r in runs])) for k in KAPPAS}
-    return {**claim3, "well_formed_mass": float(np.nanmean(mass)),
-            "alpha_mean": float(np.mean([r["alpha"] for r in runs])),
-            "alpha_positive": float(np.mean([r["alpha"] > 0 for r in runs])),
-            "err_gigpo": err[0.0], "err_best": min(err.values()),
-            "best_kappa": min(KAPPAS, key=lambda k: err[k]), "err": err}
+    claim2 = {}
+    for size in (4, 8, 16):
+        for anchor in ("state", "text"):
+            runs = [one(*sample_from(tables, size, anchor,
+                                     np.random.default_rng([s, seed, size, len(anchor), 2])))
+                    for s in range(seeds)]
+            err = {k: float(np.mean([r["err"][k] for r in runs])) for k in KAPPAS}
+            claim2[f"n{size}-{anchor}"] = {
+                "alpha_mean": float(np.mean([r["alpha"] for r in runs])),
+                "alpha_positive": float(np.mean([r["alpha"] > 0 for r in runs])),
+                # claim 2's identity: the error falls at a tiny kappa exactly when alpha > 0
+                "slope_agrees": float(np.mean([(r["alpha"] > 0) == (r["err"][H] < r["err"][0.0])
+                                               for r in runs])),
+                "err_gigpo": err[0.0], "err_best": min(err.values()),
+                "best_kappa": min(KAPPAS, key=lambda k: err[k]), "err": err}
+    return {**claim3, "well_formed_mass": float(np.nanmean(mass)), "claim2": claim2}
 
 
 def main() -> None:
@@ -89,28 +98,42 @@ def main() -> None:
         level = int(cfg.env.eval_kwargs.get("level", 2))
         r = evaluate(model_dir, tok_dir, cfg.model.temperature, level, args.seeds, seed)
         results.append({"kind": kind, "seed": seed, **r})
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "err"}), flush=True)
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "claim2"}), flush=True)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
     table(results)
 
 
 def table(results: list[dict]) -> None:
-    keys = ("well_formed_mass", "pearson_spread", "spearman_spread", "nll_pivotal", "nll_routine", "alpha_mean",
-            "err_gigpo", "err_best")
-    print("| policy | checkpoints | well-formed mass | corr(NLL, spread) | Spearman | NLL pivotal / routine | "
-          "alpha | GiGPO MSE | GACA's best MSE | best kappa (per checkpoint) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for kind in dict.fromkeys(r["kind"] for r in results):
+    """Claim 3 per policy kind, then claim 2 per kind, group size and anchor."""
+    def mean(rs, get) -> str:
+        v = [float(get(r)) for r in rs if get(r) is not None]
+        return "{:.3f} ± {:.3f}".format(*t_interval(v)) if v else "-"
+
+    kinds = list(dict.fromkeys(r["kind"] for r in results))
+    print("| policy | checkpoints | well-formed mass | corr(NLL, spread) | Spearman | "
+          "corr(NLL, Var_pi Q) | NLL pivotal / routine |")
+    print("|---|---|---|---|---|---|---|")
+    for kind in kinds:
         rs = [r for r in results if r["kind"] == kind]
-        m = {}
-        for k in keys:
-            v = [float(r[k]) for r in rs if r[k] is not None]
-            m[k] = "{:.3f} ± {:.3f}".format(*t_interval(v)) if v else "-"
-        kappas = ", ".join(f"{k:g}" for k in sorted(r["best_kappa"] for r in rs))
-        print(f"| {kind} | {len(rs)} | {m['well_formed_mass']} | {m['pearson_spread']} | {m['spearman_spread']} | "
-              f"{m['nll_pivotal']} / {m['nll_routine']} | {m['alpha_mean']} | "
-              f"{m['err_gigpo']} | {m['err_best']} | {kappas} |")
+        print(f"| {kind} | {len(rs)} | {mean(rs, lambda r: r['well_formed_mass'])} | "
+              f"{mean(rs, lambda r: r['pearson_spread'])} | "
+              f"{mean(rs, lambda r: r['spearman_spread'])} | "
+              f"{mean(rs, lambda r: r['pearson_var'])} | {mean(rs, lambda r: r['nll_pivotal'])}"
+              f" / {mean(rs, lambda r: r['nll_routine'])} |")
+    print()
+    print("| policy | cell | alpha > 0 (share of batches) | sign(alpha) = sign of the fall | "
+          "GiGPO MSE | GACA's best MSE | best kappa (per checkpoint) |")
+    print("|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        rs = [r for r in results if r["kind"] == kind]
+        for name in rs[0]["claim2"]:
+            cells = [r["claim2"][name] for r in rs]
+            kappas = ", ".join(f"{c['best_kappa']:g}" for c in cells)
+            print(f"| {kind} | {name} | {mean(cells, lambda c: c['alpha_positive'])} | "
+                  f"{mean(cells, lambda c: c['slope_agrees'])} | "
+                  f"{mean(cells, lambda c: c['err_gigpo'])} | "
+                  f"{mean(cells, lambda c: c['err_best'])} | {kappas} |")
 
 
 if __name__ == "__main__":
