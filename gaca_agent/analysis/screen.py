@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gaca_agent.runs.rundir import read_metrics
+from gaca_agent.runs.rundir import eval_points, read_metrics
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,7 @@ class Screen:
 
 def warmup_success(rows: Sequence[dict]) -> float | None:
     """Held-out success right after the warm-up (the row of iteration -1), if logged."""
-    for row in rows:
-        if row.get("iteration") == -1 and "eval/success" in row:
-            return float(row["eval/success"])
-    return None
+    return next((float(v) for it, v in eval_points(list(rows)) if it == -1), None)
 
 
 def screen(rule: Screen, env_label: str, overrides: Sequence[str], out: Path, jobs: int,

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gaca_agent.analysis.screen import Screen, screen
-from gaca_agent.runs.rundir import read_metrics
+from gaca_agent.runs.rundir import eval_points, read_metrics
 
 #: Every run trains the shipped ``default`` config (gaca_agent/configs/default.yaml).
 BASE_CONFIG = "default"
@@ -178,10 +178,9 @@ def sign_test(differences: list[float]) -> float:
 def run_scores(rows: list[dict]) -> tuple[float, float] | None:
     """(final held-out success, area under the held-out curve) of one run: the area is
     the mean success over the evaluation points, the warm-up's included."""
-    points = [(r["iteration"], r["eval/success"]) for r in rows if "eval/success" in r]
+    points = eval_points(rows)
     if not points:
         return None
-    points.sort()
     return points[-1][1], sum(v for _, v in points) / len(points)
 
 

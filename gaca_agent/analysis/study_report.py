@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gaca_agent.runs.rundir import read_metrics
+from gaca_agent.runs.rundir import eval_points, read_metrics
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -95,8 +95,7 @@ def seed_markdown(out: Path, runs) -> str:
     success at its evaluation points after it (the runs a paired comparison pairs)."""
     curves: dict[str, dict[int, dict[str, list[tuple[int, float]]]]] = {}
     for run in runs:
-        points = sorted((r["iteration"], r["eval/success"])
-                        for r in read_metrics(out / "runs" / run.name) if "eval/success" in r)
+        points = eval_points(read_metrics(out / "runs" / run.name))
         if points:
             curves.setdefault(run.env_label, {}).setdefault(run.seed, {})[run.label] = points
     lines = []

@@ -99,6 +99,12 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if _json_ok(line)]
 
 
+def eval_points(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """A run's held-out evaluations as (iteration, success), in iteration order (-1: the
+    one after the warm-up)."""
+    return sorted((r["iteration"], r["eval/success"]) for r in rows if "eval/success" in r)
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
