@@ -248,17 +248,20 @@ def test_verifiers_own_rollouts_play_a_gaca_env_as_the_gym_env_does(tmp_path):
     from verifiers_probe import choose
 
     limit = 11  # task 0 runs out of time (truncated), task 1 reaches the exit (terminated)
+    # as for a user who did not activate .venv-verifiers: its uv is on no PATH entry
+    no_uv = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                            if d and not (Path(d) / "uv").exists())
     out = subprocess.run([str(VERIFIERS), str(Path(__file__).parent / "verifiers_probe.py"),
                           "--tasks", "2", "--env-kwargs", json.dumps({"max_episode_steps":
                                                                       limit})],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env={**os.environ, "GACA_PROBE_KEY": "unused"})
+                         env={**os.environ, "GACA_PROBE_KEY": "unused", "PATH": no_uv})
     assert out.returncode == 0, out.stderr[-3000:]
     episodes = json.loads(out.stdout.strip().splitlines()[-1])
     assert [e["name"] for e in episodes] == ["gaca/Diag-Signs-v0#0", "gaca/Diag-Signs-v0#1"]
     ends = set()
     for seed, e in enumerate(episodes):
-        assert e["ok"] and not e["errors"]
+        assert e["ok"] and not e["errors"], e["errors"]
         env = gym.make("gaca/Diag-Signs-v0", max_episode_steps=limit)
         obs, info = env.reset(seed=seed)
         turns, keys, ret = [render(obs, info, task=True)], [info["state_key"]], 0.0

@@ -16,7 +16,11 @@ canonical state key after each step (``state_keys``, the reset's first).
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
@@ -65,6 +69,21 @@ def make_env(info: dict) -> Any:
     return gym.make(info["env"], **info["env_kwargs"])
 
 
+def ensure_uv() -> None:
+    """verifiers' ``null`` harness runs as a uv script in a subprocess that looks for uv on
+    PATH and, failing that, downloads it (from astral.sh). Put the uv installed beside this
+    interpreter (``scripts/setup_verifiers.sh`` installs it in ``.venv-verifiers``) on PATH
+    when the venv was not activated, or say plainly that uv is missing."""
+    if shutil.which("uv"):
+        return
+    here = Path(sys.executable).parent
+    if not (here / "uv").exists():
+        raise RuntimeError(f"verifiers' null harness needs uv on PATH and none was found "
+                           f"(nor beside {sys.executable}): pip install uv, or run "
+                           f"bash scripts/setup_verifiers.sh")
+    os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def reset(env: Any, info: dict) -> tuple[str, dict]:
     options = None if info["task_id"] is None else {"task_id": info["task_id"]}
     return env.reset(seed=info["seed"], options=options)
@@ -72,6 +91,7 @@ def reset(env: Any, info: dict) -> tuple[str, dict]:
 
 class GacaEnv(vf.Env[GacaEnvConfig]):
     async def run(self, task, agents):
+        ensure_uv()
         info = task.data.info
         env = make_env(info)
         _, first = reset(env, info)
