@@ -38,7 +38,8 @@ class PackageEngine:
         self.pid = self._env._gateway.java_process.pid
 
     def alive(self) -> bool:
-        return self._env._gateway.java_process.poll() is None
+        proc = self._env._gateway.java_process
+        return proc.poll() is None and jvm.running(proc.pid)
 
     def close(self) -> None:
         self._env.close()
@@ -166,6 +167,22 @@ def _gone(pid: int, seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_jvm_is_dead_once_reaped_while_another_thread_waits_on_it():
+    """py4j's ProcessConsumer thread waits on the JVM's process, holding Popen's wait
+    lock; a JVM it has just reaped must read as dead (poll() alone says alive), or the
+    dead JVM's envs raise raw py4j errors instead of failing their episode."""
+    import subprocess
+
+    host = object.__new__(jvm.JvmHost)
+    host._proc = subprocess.Popen(["sleep", "60"])
+    assert host.alive()
+    with host._proc._waitpid_lock:  # as the consumer thread holds it inside wait()
+        host._proc.kill()
+        os.waitpid(host._proc.pid, 0)  # reaped, its return code not yet recorded
+        assert not host.alive()
+    assert not jvm.running(host._proc.pid) and jvm.running(os.getpid())
 
 
 def test_a_dead_jvm_fails_only_its_own_envs_and_they_recover_at_reset():

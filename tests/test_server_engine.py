@@ -340,9 +340,16 @@ def train_both_engines(tmp_path, base, weights: list[str]):
     rows = [(a, b) for a, b in zip(metrics["hf"], metrics["server"]) if a["iteration"] >= 0]
     assert len(rows) == 3
     for it, (a, b) in enumerate(rows):
-        for key in ("rollout/return", "rollout/success", "rollout/length",
-                    "rollout/format_invalid", "train/tokens"):
+        for key in ("rollout/return", "rollout/success", "rollout/length"):
             assert a[key] == pytest.approx(b[key], rel=1e-6), (it, key)
+        # gaca-serve batches whatever requests are waiting, so which rows share a padded
+        # batch depends on timing, and the logits move by ~1e-7 with it: a near-tied token
+        # may be sampled differently now and then (CI saw it once). Allowed: one step of
+        # the iteration's 8 episodes differs in its format and tokens (not its action).
+        steps = a["rollout/length"] * 8
+        assert abs(a["rollout/format_invalid"] - b["rollout/format_invalid"]) * steps \
+            <= 1 + 1e-6, it
+        assert abs(a["train/tokens"] - b["train/tokens"]) <= 16, it  # max_new_tokens
         # the same samples; the step NLLs (computed from the server's token bytes)
         # agree to 1e-6, which can reorder near-tied NLLs in GACA's weights: the
         # losses agree to a few percent, not to the last digit

@@ -149,6 +149,23 @@ def disconnect(client) -> None:
     gateway_client.is_connected = False
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has), by the kernel."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    try:  # no /proc (macOS): a signal 0 tells whether the pid exists
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 class JvmHost:
     """One engine JVM (py4j's gateway server with the engine's jar)."""
 
@@ -170,7 +187,10 @@ class JvmHost:
         return self._proc.pid
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        # py4j's ProcessConsumer thread sits in this process's wait(); while it does,
+        # poll() cannot take the wait lock and answers None even for a JVM that has died
+        # and been reaped, so the kernel is asked as well
+        return self._proc.poll() is None and running(self._proc.pid)
 
     def shutdown(self) -> None:
         if self.alive():
