@@ -159,11 +159,7 @@ def test_every_task_type_on_a_shared_jvm_plays_as_on_its_own(monkeypatch):
 def _gone(pid: int, seconds: float = 10.0) -> bool:
     """Whether process ``pid`` has exited (or is a zombie) within ``seconds``."""
     for _ in range(int(seconds / 0.05)):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except OSError:
+        if not jvm.running(pid):
             return True
         time.sleep(0.05)
     return False
