@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_claim2 import H, KAPPAS, one, sample_from  # noqa: E402
 from bench_claim3 import measures, rows_from, summarise  # noqa: E402
 
-from gaca_agent.analysis.study import t_interval  # noqa: E402
+from gaca_agent.analysis.study import Run, t_interval  # noqa: E402
 from gaca_agent.analysis.tabular import load_policy, model_policy  # noqa: E402
 from gaca_agent.config import load_config  # noqa: E402
 from gaca_envs.diag.env import TRAIN_TASKS, TEST_TASKS, build_world  # noqa: E402
@@ -43,10 +43,9 @@ def checkpoints(study: Path, labels: list[str]) -> list[tuple[str, int, str, str
     label's final model."""
     found, warm = [], set()
     for run in sorted((study / "runs").glob("*__*__s*")):
-        _, label, seed = run.name.split("__")
+        _, label, seed_n = Run.parse(run.name) or ("", "", -1)
         if label not in labels or not (run / "final" / "model" / "config.json").exists():
             continue
-        seed_n = int(seed[1:])
         tok = str(run / "final" / "model")
         if seed_n not in warm and (run / "reference" / "config.json").exists():
             warm.add(seed_n)

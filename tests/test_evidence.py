@@ -148,6 +148,17 @@ def test_screening_keeps_the_first_seeds_inside_the_bounds_and_reports_the_rest(
     assert any('"kappa": 2.0' in o for o in runs[-1].overrides + runs[0].overrides)
 
 
+def test_a_run_folders_name_gives_back_its_environment_label_and_seed():
+    """What reads a study's folders (the checkpoint benchmark) finds each run's label and
+    seed from its name, including labels with dashes, and skips other folders."""
+    from gaca_agent.analysis.study import Run
+
+    run = Run("pivots", "gaca/Diag-Pivots-v0", "gaca-k2", 17)
+    assert Run.parse(run.name) == ("pivots", "gaca-k2", 17)
+    for other in ("pivots__gaca", "pivots__gaca__seed3", "pivots__gaca__s", "a__b__s1__s2"):
+        assert Run.parse(other) is None
+
+
 def test_the_per_seed_table_shows_each_labels_curve_after_the_shared_warm_up(tmp_path):
     from gaca_agent.analysis.study import Run
     from gaca_agent.analysis.study_report import seed_markdown

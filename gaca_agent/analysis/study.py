@@ -131,6 +131,14 @@ class Run:
     def name(self) -> str:
         return f"{self.env_label}__{self.label}__s{self.seed}"
 
+    @staticmethod
+    def parse(name: str) -> tuple[str, str, int] | None:
+        """(environment label, label, seed) of a run folder's name; None for another."""
+        parts = name.split("__")
+        if len(parts) != 3 or not parts[2].startswith("s") or not parts[2][1:].isdigit():
+            return None
+        return parts[0], parts[1], int(parts[2][1:])
+
 
 def plan(preset: Preset, seeds: dict[str, list[int]] | None = None) -> list[Run]:
     """Every run of ``preset``: per environment, label and seed (``seeds[env_label]`` where
