@@ -359,33 +359,39 @@ def train_both_engines(tmp_path, base, weights: list[str]):
 
 def same_samples(hf, server) -> list[bool]:
     """Whether each iteration's episodes are the same in both runs (rollouts/), after
-    checking that the runs sampled alike: every step whose response is the same has the
-    same NLL, and at most 1% of the steps differ.
+    checking that the runs sampled alike: in the first iteration (the same warmed-up
+    weights) at most 2 of the 8 episodes differ, and until an iteration differs, every
+    step before its episode's first different one has the same NLL in both runs.
 
     The engines' logits agree to about 1e-6, not bitwise (gaca-serve batches whatever
     requests are waiting, so a row's padded batch depends on timing), so now and then a
-    token whose draw falls that close to a boundary of the inverse CDF is sampled
-    differently, and the learners' weights part by that step's gradient. A server that
-    sampled from another distribution (another temperature, seed or weights) would
-    differ in most steps."""
+    token whose draw falls that close to a boundary of the inverse CDF is sampled as its
+    neighbour (CI saw it in about half its runs), and the rest of that episode follows
+    from it. After an update the weights agree to rounding, not bitwise, and such flips
+    come more often (one run here had 4 in its second iteration); from an update on
+    flipped samples, the runs are two different runs (Adam magnifies the one step's
+    gradient: a flip forced in iteration 1 made 308 of iteration 2's 320 steps differ).
+    A server that sampled from another distribution (another temperature, seed or
+    weights) differs in every episode of the first iteration."""
     import gzip
 
-    same, steps, differ = [], 0, 0
+    same = []
     for it in range(3):
+        if not all(same):
+            return same + [False] * (3 - it)
         name = f"rollouts/iter-{it:05d}.rank0.jsonl.gz"
         a, b = ([json.loads(x) for x in gzip.open(run / name, "rt")] for run in (hf, server))
         assert len(a) == len(b) == 8
-        before = differ
+        differ = 0
         for x, y in zip(a, b):
-            steps += max(len(x["trajectory"]), len(y["trajectory"]))
-            differ += abs(len(x["trajectory"]) - len(y["trajectory"]))
+            differ += [s["response"] for s in x["trajectory"]] != \
+                [t["response"] for t in y["trajectory"]]
             for s, t in zip(x["trajectory"], y["trajectory"]):
                 if s["response"] != t["response"]:
-                    differ += 1
-                else:
-                    assert s["nll"] == pytest.approx(t["nll"], abs=1e-4), (it, s["t"])
-        same.append(differ == before)
-    assert differ <= 0.01 * steps, f"{differ} of {steps} steps were sampled differently"
+                    break  # the rest of this episode follows from another token
+                assert s["nll"] == pytest.approx(t["nll"], abs=1e-4), (it, s["t"])
+        assert it > 0 or differ <= 2, f"{differ} of 8 episodes were sampled differently"
+        same.append(differ == 0)
     return same
 
 
