@@ -366,8 +366,8 @@ def same_samples(hf, server) -> list[bool]:
     The engines' logits agree to about 1e-6, not bitwise (gaca-serve batches whatever
     requests are waiting, so a row's padded batch depends on timing), so now and then a
     token whose draw falls that close to a boundary of the inverse CDF is sampled as its
-    neighbour (CI saw it in about half its runs), and the rest of that episode follows
-    from it. After an update the weights agree to rounding, not bitwise, and such flips
+    neighbour (three of the last full test runs saw it), and the rest of that episode
+    follows from it. After an update the weights agree to rounding, not bitwise, and such flips
     come more often (one run here had 4 in its second iteration); from an update on
     flipped samples, the runs are two different runs (Adam magnifies the one step's
     gradient: a flip forced in iteration 1 made 308 of iteration 2's 320 steps differ).
