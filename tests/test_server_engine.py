@@ -367,10 +367,11 @@ def same_samples(hf, server) -> list[bool]:
     requests are waiting, so a row's padded batch depends on timing), so now and then a
     token whose draw falls that close to a boundary of the inverse CDF is sampled as its
     neighbour (three of the last full test runs saw it), and the rest of that episode
-    follows from it. After an update the weights agree to rounding, not bitwise, and such flips
-    come more often (one run here had 4 in its second iteration); from an update on
-    flipped samples, the runs are two different runs (Adam magnifies the one step's
-    gradient: a flip forced in iteration 1 made 308 of iteration 2's 320 steps differ).
+    follows from it. After an update the weights agree to rounding, not bitwise, and
+    such flips come more often (one run here had 4 in its second iteration); from an
+    update on flipped samples, the runs are two different runs (Adam magnifies the one
+    step's gradient: a flip forced in iteration 1 made 308 of iteration 2's 320 steps
+    differ).
     A server that sampled from another distribution (another temperature, seed or
     weights) differs in every episode of the first iteration."""
     import gzip
