@@ -38,8 +38,7 @@ class PackageEngine:
         self.pid = self._env._gateway.java_process.pid
 
     def alive(self) -> bool:
-        proc = self._env._gateway.java_process
-        return proc.poll() is None and jvm.running(proc.pid)
+        return jvm.process_alive(self._env._gateway.java_process)
 
     def close(self) -> None:
         self._env.close()

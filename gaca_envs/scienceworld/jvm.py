@@ -166,6 +166,13 @@ def running(pid: int) -> bool:
     return True
 
 
+def process_alive(proc) -> bool:
+    """Whether a JVM's ``Popen`` still runs. py4j's ProcessConsumer thread sits in this
+    process's wait(); while it does, poll() cannot take the wait lock and answers None
+    even for a JVM that has died and been reaped, so the kernel is asked as well."""
+    return proc.poll() is None and running(proc.pid)
+
+
 class JvmHost:
     """One engine JVM (py4j's gateway server with the engine's jar)."""
 
@@ -187,10 +194,7 @@ class JvmHost:
         return self._proc.pid
 
     def alive(self) -> bool:
-        # py4j's ProcessConsumer thread sits in this process's wait(); while it does,
-        # poll() cannot take the wait lock and answers None even for a JVM that has died
-        # and been reaped, so the kernel is asked as well
-        return self._proc.poll() is None and running(self._proc.pid)
+        return process_alive(self._proc)
 
     def shutdown(self) -> None:
         if self.alive():
