@@ -341,7 +341,7 @@ def train_both_engines(tmp_path, base, weights: list[str]):
     assert len(rows) == 3
     same = same_samples(runs["hf"], runs["server"])
     for it, (a, b) in enumerate(rows):
-        if all(same[: it + 1]):
+        if same[it]:  # this and every earlier iteration sampled the same episodes
             # the same samples from the same weights: the same iteration, to rounding
             for key in ("rollout/return", "rollout/success", "rollout/length",
                         "rollout/format_invalid", "train/tokens"):
@@ -358,10 +358,11 @@ def train_both_engines(tmp_path, base, weights: list[str]):
 
 
 def same_samples(hf, server) -> list[bool]:
-    """Whether each iteration's episodes are the same in both runs (rollouts/), after
-    checking that the runs sampled alike: in the first iteration (the same warmed-up
-    weights) at most 2 of the 8 episodes differ, and until an iteration differs, every
-    step before its episode's first different one has the same NLL in both runs.
+    """Whether each iteration's episodes, and every earlier one's, are the same in both
+    runs (rollouts/), after checking that the runs sampled alike: in the first iteration
+    (the same warmed-up weights) at most 2 of the 8 episodes differ, and until an
+    iteration differs, every step before its episode's first different one has the same
+    NLL in both runs.
 
     The engines' logits agree to about 1e-6, not bitwise (gaca-serve batches whatever
     requests are waiting, so a row's padded batch depends on timing), so now and then a
@@ -378,7 +379,7 @@ def same_samples(hf, server) -> list[bool]:
 
     same = []
     for it in range(3):
-        if not all(same):
+        if same and not same[-1]:
             return same + [False] * (3 - it)
         name = f"rollouts/iter-{it:05d}.rank0.jsonl.gz"
         a, b = ([json.loads(x) for x in gzip.open(run / name, "rt")] for run in (hf, server))
