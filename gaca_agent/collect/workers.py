@@ -1,10 +1,11 @@
 """Environment worker processes: several envs per process, batched commands, restarts.
 
 :class:`EnvPool` spreads ``num_envs`` env slots over ``num_workers`` spawned processes
-(slot j lives in worker ``j % num_workers``). Each call sends one batch of commands to
-every worker that has work, then gathers the answers, so workers step in parallel. A
-worker that dies or stops answering is restarted; the slots it held answer with
-:class:`WorkerFailure` so that the caller can mark those episodes failed.
+(slot j lives in worker ``j % num_workers``); each worker runs an :class:`EnvHost`
+behind its pipe. Each call sends one batch of commands to every worker that has work,
+then gathers the answers, so workers step in parallel. A worker that dies or stops
+answering is restarted; the slots it held answer with :class:`WorkerFailure` so that the
+caller can mark those episodes failed.
 
 A worker is also recycled after ``recycle_after`` resets (ALFWorld processes grow with
 every new game), but never under a live episode: from then on it is *draining*
@@ -16,6 +17,7 @@ ignore SIGINT: a Ctrl-C is the parent's to handle (it closes the pool).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -28,49 +30,82 @@ class WorkerFailure:
     message: str
 
 
-def _serve(conn, env_id: str, env_kwargs: dict, num_envs: int) -> None:
-    import signal
+class EnvHost:
+    """The envs of one worker, by local index, and the commands they answer: the env code
+    every transport runs (a worker process's pipe here). Envs are made on first use."""
 
-    import gymnasium as gym
+    def __init__(self, env_id: str, env_kwargs: dict | None = None) -> None:
+        import gymnasium as gym
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import gaca_envs
+        import gaca_envs
 
-    gym.register_envs(gaca_envs)
-    envs: dict[int, Any] = {}
+        gym.register_envs(gaca_envs)
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.envs: dict[int, Any] = {}
 
-    def env(i: int):
-        if i not in envs:
-            envs[i] = gym.make(env_id, **env_kwargs)
-        return envs[i]
+    def env(self, i: int):
+        if i not in self.envs:
+            import gymnasium as gym
 
-    def expert(i: int):
-        fn = getattr(env(i).unwrapped, "expert_action", None)
+            self.envs[i] = gym.make(self.env_id, **self.env_kwargs)
+        return self.envs[i]
+
+    def reset(self, i: int, arg: tuple[int | None, dict | None]):
+        seed, options = arg
+        return self.env(i).reset(seed=seed, options=options)
+
+    def step(self, i: int, action: str):
+        return self.env(i).step(action)
+
+    def expert(self, i: int, _arg=None) -> str | None:
+        fn = getattr(self.env(i).unwrapped, "expert_action", None)
         return fn() if fn else None
 
-    handlers = {
-        "reset": lambda i, arg: env(i).reset(seed=arg[0], options=arg[1]),
-        "step": lambda i, arg: env(i).step(arg),
-        "expert": lambda i, arg: expert(i),
-        "pid": lambda i, arg: mp.current_process().pid,
-    }
-    while True:
-        try:
-            cmd, items = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            break
-        if cmd == "close":
-            break
+    def pid(self, i: int, _arg=None) -> int:
+        return os.getpid()
+
+    def handle(self, cmd: str, items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """``cmd`` (reset, step, expert or pid) for each (local index, argument): its
+        answer, or a :class:`WorkerFailure` with the error for that env alone."""
         answers = []
         for i, arg in items:
             try:
-                answers.append((i, handlers[cmd](i, arg)))
+                if cmd not in ("reset", "step", "expert", "pid"):
+                    raise ValueError(f"unknown env command {cmd!r}")
+                answers.append((i, getattr(self, cmd)(i, arg)))
             except Exception as err:  # noqa: BLE001 - reported to the caller, per env
                 answers.append((i, WorkerFailure(f"{type(err).__name__}: {err}\n"
                                                  f"{traceback.format_exc(limit=3)}")))
-        conn.send(answers)
-    for e in envs.values():
-        e.close()
+        return answers
+
+    def close(self) -> None:
+        for e in self.envs.values():
+            e.close()
+        self.envs.clear()
+
+
+def serve_pipe(conn, host: EnvHost) -> None:
+    """Answer ``(cmd, items)`` batches from ``conn`` with ``host`` until the pipe closes
+    or says ``close``; then close the envs."""
+    try:
+        while True:
+            try:
+                cmd, items = conn.recv()
+            except (EOFError, KeyboardInterrupt):
+                break
+            if cmd == "close":
+                break
+            conn.send(host.handle(cmd, items))
+    finally:
+        host.close()
+
+
+def _worker_main(conn, env_id: str, env_kwargs: dict) -> None:
+    """A worker process: Ctrl-C is the parent's to handle (it closes the pool)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve_pipe(conn, EnvHost(env_id, env_kwargs))
 
 
 class EnvPool:
@@ -95,9 +130,8 @@ class EnvPool:
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        n_local = len(range(w, self.num_envs, self.num_workers))
-        proc = self._ctx.Process(target=_serve, args=(child, self.env_id, self.env_kwargs,
-                                                      n_local), daemon=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs),
+                                 daemon=True)
         proc.start()
         child.close()
         self._procs[w], self._conns[w], self._resets[w] = proc, parent, 0

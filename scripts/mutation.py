@@ -1,0 +1,283 @@
+"""Mutation testing of the code the asynchronous-training and Ray work rewrite (mutmut 3).
+
+Each area is mutated in its own scratch copy of the working tree (tracked and new files),
+with only the test files that could catch its mutants (``-m "not slow"``). mutmut edits
+one thing at a time (a flipped comparison, a changed number, a dropped argument, a
+string), runs the tests that reach the edited function, and records whether any failed.
+
+The score per area counts every mutant except two kinds, both listed in the report:
+
+- **message text**: the only change is inside a string literal of an exception's,
+  ``print``'s, a logger's or ``warnings.warn``'s message (what a person reads, not what a
+  program does);
+- **equivalent**: listed in ``scripts/mutation_equivalent.yaml`` with the reason (the
+  function and the changed lines, so renumbering does not lose them).
+
+Usage: ``bash scripts/mutation.sh [AREA ...] [--workdir DIR] [--report-only]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: area -> (files to mutate, test files that could catch them)
+AREAS: dict[str, tuple[list[str], list[str]]] = {
+    "generate": (["gaca_agent/generate/*.py"],
+                 ["tests/test_generate.py", "tests/test_server_engine.py",
+                  "tests/test_upstream_servers.py", "tests/test_policies.py"]),
+    "collect": (["gaca_agent/collect/*.py"],
+                ["tests/test_collect.py", "tests/test_collector_eval.py",
+                 "tests/test_env_server.py"]),
+    "steps": (["gaca_agent/steps.py"],
+              ["tests/test_steps.py", "tests/test_collect.py", "tests/test_learner.py"]),
+    "training": (["gaca_agent/training/*.py"],
+                 ["tests/test_training_parts.py", "tests/test_train.py",
+                  "tests/test_server_engine.py"]),
+    "serving": (["gaca_agent/serving/*.py"],
+                ["tests/test_serve.py", "tests/test_fuzz_http.py",
+                 "tests/test_server_engine.py"]),
+    "remote": (["gaca_envs/remote/*.py"], ["tests/test_env_server.py"]),
+    "envs": (["gaca_envs/alfworld/canonical.py", "gaca_envs/webshop/reward.py"],
+             ["tests/test_alfworld.py", "tests/test_webshop.py"]),
+}
+KILLED = {"killed", "timeout", "segfault"}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+          34: "skipped", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout",
+          255: "timeout", -11: "segfault", -9: "segfault", 37: "type check", None: "not checked"}
+MESSAGE_CALLS = {"print", "warn", "debug", "info", "warning", "error", "exception", "critical"}
+
+
+# ------------------------------------------------------------------ the scratch copy
+def tree_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+
+
+def mutmut_section(area: str) -> str:
+    mutate, tests = AREAS[area]
+    tests = [t for t in tests if (ROOT / t).exists()]
+    top = sorted({f.split("/")[0] for f in tree_files() if "/" in f and not f.startswith(".")}
+                 - {"gaca_agent", "gaca_envs", "gaca_verifiers", "tests"})
+    return "\n".join([
+        "", "[tool.mutmut]",
+        'source_paths = ["gaca_agent", "gaca_envs", "gaca_verifiers"]',
+        f"only_mutate = {json.dumps(mutate)}",
+        f"also_copy = {json.dumps(top + ['README.md', 'CONTRIBUTING.md', 'mkdocs.yml'])}",
+        'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'process_isolation = "forkserver"', "use_git_change_detection = false", ""])
+
+
+def prepare(area: str, work: Path) -> None:
+    """A fresh copy of the tree under ``work`` with the area's mutmut section."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for f in tree_files():
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, work / f)
+    for venv in (".venv-upstream", ".venv-verifiers"):  # the tests' side environments
+        if (ROOT / venv).exists():
+            (work / venv).symlink_to(ROOT / venv)
+    with open(work / "pyproject.toml", "a") as f:
+        f.write(mutmut_section(area))
+
+
+def run_mutmut(work: Path, children: int, log: Path) -> int:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+    if "GACA_DATA" not in env and (ROOT.parent / "shared" / "data").is_dir():
+        env["GACA_DATA"] = str(ROOT.parent / "shared" / "data")
+    mutmut = Path(sys.executable).with_name("mutmut")
+    with open(log, "w") as out:
+        return subprocess.run([str(mutmut), "run", "--max-children", str(children)], cwd=work,
+                              env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+# ------------------------------------------------------------------ reading the results
+def functions(path: Path) -> dict[str, ast.FunctionDef]:
+    """Every function of a mutated file by name (methods too)."""
+    tree = ast.parse(path.read_text())
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+    return found
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _in_message(node: ast.AST, parents: dict) -> bool:
+    """Whether a string constant is (part of) a message: under a ``raise``, or an argument
+    of print / a logger / warnings.warn."""
+    at = node
+    while at in parents:
+        at = parents[at]
+        if isinstance(at, ast.Raise):
+            return True
+        if isinstance(at, ast.Call):
+            f = at.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in MESSAGE_CALLS:
+                return True
+        if isinstance(at, ast.stmt):
+            return False
+    return False
+
+
+def message_only(orig: ast.AST, mutant: ast.AST) -> bool:
+    """True when the two functions differ only in string constants of messages."""
+    a, b = list(ast.walk(orig)), list(ast.walk(mutant))
+    if len(a) != len(b):
+        return False
+    parents = _parents(orig)
+    differing = 0
+    for x, y in zip(a, b):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, ast.Constant):
+            if x.value != y.value:
+                if not (isinstance(x.value, str) and _in_message(x, parents)):
+                    return False
+                differing += 1
+        elif isinstance(x, ast.AST):
+            for field in x._fields:
+                u, v = getattr(x, field), getattr(y, field)
+                if isinstance(u, (str, int, type(None))) and field != "name" and u != v:
+                    return False
+    return differing > 0
+
+
+def changed_lines(source: str, orig: ast.AST, mutant: ast.AST) -> tuple[list[str], list[str]]:
+    """(removed, added) lines of a mutant against the original, stripped."""
+    a = ast.get_source_segment(source, orig).splitlines()[1:]
+    b = ast.get_source_segment(source, mutant).splitlines()[1:]
+    removed, added = [], []
+    for line in difflib.unified_diff(a, b, lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        (removed if line.startswith("-") else added).append(line[1:].strip())
+    return removed, added
+
+
+def load_equivalents() -> list[dict]:
+    path = ROOT / "scripts" / "mutation_equivalent.yaml"
+    return yaml.safe_load(path.read_text()) or [] if path.exists() else []
+
+
+def classify(area: str, work: Path) -> list[dict]:
+    """One record per mutant of the area: name, file, status, kind, changed lines."""
+    mutate = AREAS[area][0]
+    equivalents = load_equivalents()
+    records = []
+    for meta in sorted((work / "mutants").rglob("*.py.meta")):
+        rel = str(meta.relative_to(work / "mutants"))[:-len(".meta")]
+        if not any(fnmatch.fnmatch(rel, p) for p in mutate):
+            continue
+        source_path = work / "mutants" / rel
+        source = source_path.read_text()
+        funcs = functions(source_path)
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in sorted(codes.items()):
+            local = name.rsplit(".", 1)[1]
+            base = local.rsplit("__mutmut_", 1)[0]
+            status = STATUS.get(code, "suspicious")
+            record = {"name": name, "file": rel, "status": status, "kind": "caught"}
+            if status not in KILLED:
+                orig, mutant = funcs[base + "__mutmut_orig"], funcs[local]
+                removed, added = changed_lines(source, orig, mutant)
+                record.update(removed=removed, added=added)
+                function = name.rsplit("__mutmut_", 1)[0]
+                reason = next((e["reason"] for e in equivalents
+                               if e["function"] == function and e["added"] == added), None)
+                if message_only(orig, mutant):
+                    record["kind"] = "message text"
+                elif reason is not None:
+                    record.update(kind="equivalent", reason=reason)
+                else:
+                    record["kind"] = "survived" if status == "survived" else status
+            records.append(record)
+    return records
+
+
+def summary(area: str, records: list[dict]) -> dict:
+    caught = sum(r["kind"] == "caught" for r in records)
+    message = sum(r["kind"] == "message text" for r in records)
+    equivalent = sum(r["kind"] == "equivalent" for r in records)
+    meaningful = len(records) - message - equivalent
+    return {"area": area, "mutants": len(records), "caught": caught, "message_text": message,
+            "equivalent": equivalent, "meaningful": meaningful,
+            "score": caught / meaningful if meaningful else 1.0,
+            "left": [r for r in records if r["kind"] not in ("caught", "message text",
+                                                             "equivalent")]}
+
+
+def write_report(work_root: Path, sums: list[dict]) -> Path:
+    lines = [f"# Mutation report ({time.strftime('%Y-%m-%d')})", "",
+             "| area | mutants | message text | equivalent | meaningful | caught | score |",
+             "|---|---|---|---|---|---|---|"]
+    for s in sums:
+        lines.append(f"| {s['area']} | {s['mutants']} | {s['message_text']} | "
+                     f"{s['equivalent']} | {s['meaningful']} | {s['caught']} | "
+                     f"{100 * s['score']:.1f}% |")
+    for s in sums:
+        lines += ["", f"## {s['area']}: not caught ({len(s['left'])})", ""]
+        for r in s["left"]:
+            lines.append(f"- `{r['name']}` ({r['kind']})")
+            lines += [f"    - `- {x}`" for x in r["removed"]]
+            lines += [f"    - `+ {x}`" for x in r["added"]]
+    out = work_root / "report.md"
+    out.write_text("\n".join(lines) + "\n")
+    (work_root / "report.json").write_text(json.dumps(sums, indent=1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("areas", nargs="*", help=f"areas (default all): {', '.join(AREAS)}")
+    parser.add_argument("--workdir", default=os.environ.get("GACA_MUTATION_DIR",
+                                                            "/tmp/gaca-mutation"))
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--report-only", action="store_true",
+                        help="re-read the last run's results (after editing the equivalents)")
+    args = parser.parse_args(argv)
+    unknown = [a for a in args.areas if a not in AREAS]
+    if unknown:
+        parser.error(f"unknown area(s) {unknown}; choose from {list(AREAS)}")
+    root = Path(args.workdir)
+    sums = []
+    for area in args.areas or list(AREAS):
+        work = root / area
+        if not args.report_only:
+            prepare(area, work)
+            t0 = time.time()
+            code = run_mutmut(work, args.children, root / f"{area}.log")
+            print(f"{area}: mutmut exited {code} after {time.time() - t0:.0f} s "
+                  f"(log: {root / f'{area}.log'})", flush=True)
+        s = summary(area, classify(area, work))
+        print(f"{area}: {s['caught']}/{s['meaningful']} meaningful mutants caught "
+              f"({100 * s['score']:.1f}%); {s['message_text']} message text, "
+              f"{s['equivalent']} equivalent", flush=True)
+        sums.append(s)
+    print(f"report: {write_report(root, sums)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The collector's parts a user relies on without seeing them: each env answers for
+itself in its worker, slots live in their own workers, a stalled or recycled worker is
+replaced (only a failure counts as a restart), and every step row says what happened:
+the reward with its penalty, the state it led to, the NLL span, the episode's total."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from gaca_agent.collect.collector import Collector
+from gaca_agent.collect.workers import EnvHost, EnvPool, WorkerFailure, serve_pipe
+from gaca_agent.config import EnvSection
+from gaca_agent.generate.prompts import format_response
+from gaca_agent.generate.sampling import row_key
+from gaca_agent.policies import make_policy
+from gaca_agent.types import ActionOutput
+
+CORRIDOR = "gaca/Diag-Corridor-v0"
+STALL = "collect_probe:gaca-test/Stall-v0"
+
+
+def test_env_host_answers_each_env_for_itself():
+    import gymnasium as gym
+
+    host = EnvHost(CORRIDOR, {"split": "test"})
+    try:
+        first = host.handle("reset", [(0, (1, {"task_id": 0})), (3, (2, {"task_id": 5})),
+                                      (1, (1, {"task_id": 99}))])
+        assert [i for i, _ in first] == [0, 3, 1]
+        (_, (obs0, info0)), (_, (obs3, info3)), (_, bad) = first
+        assert info0["task_id"] == 0 and info3["task_id"] == 5
+        assert isinstance(bad, WorkerFailure) and "99" in bad.message  # that env alone
+        fresh = gym.make(CORRIDOR, split="test")
+        obs, info = fresh.reset(seed=2, options={"task_id": 5})
+        assert (obs3, info3["state_key"]) == (obs, info["state_key"])
+        expert = dict(host.handle("expert", [(3, None)]))[3]
+        assert expert == fresh.unwrapped.expert_action()
+        stepped = dict(host.handle("step", [(3, expert), (0, "dance")]))
+        assert stepped[3][:4] == fresh.step(expert)[:4]
+        assert stepped[0][4]["action_valid"] is False  # an inadmissible action: a no-op
+        assert dict(host.handle("pid", [(0, None)]))[0] == os.getpid()
+        unknown = dict(host.handle("dance", [(0, None), (3, None)]))
+        assert all(isinstance(a, WorkerFailure) and "unknown env command 'dance'" in a.message
+                   for a in unknown.values())
+        assert sorted(host.envs) == [0, 1, 3]
+    finally:
+        host.close()
+    assert host.envs == {}
+
+
+def test_the_pipe_loop_serves_until_close_and_closes_its_envs():
+    parent, child = mp.Pipe()
+    host = EnvHost(CORRIDOR, {"split": "test"})
+    loop = threading.Thread(target=serve_pipe, args=(child, host))
+    loop.start()
+    parent.send(("reset", [(0, (1, {"task_id": 2}))]))
+    [(i, (obs, info))] = parent.recv()
+    assert i == 0 and info["task_id"] == 2 and host.envs
+    parent.send(("close", []))
+    loop.join(timeout=10)
+    assert not loop.is_alive() and host.envs == {}
+    parent2, child2 = mp.Pipe()
+    host2 = EnvHost(CORRIDOR, {"split": "test"})
+    loop2 = threading.Thread(target=serve_pipe, args=(child2, host2))
+    loop2.start()
+    parent2.close()  # the parent gone: the loop ends too
+    loop2.join(timeout=10)
+    assert not loop2.is_alive()
+
+
+def test_slots_live_in_their_own_workers():
+    with EnvPool(CORRIDOR, {"split": "test"}, num_envs=4, num_workers=2) as pool:
+        pids = pool.pids()
+        assert len(set(pids)) == 2
+        answers = pool.call("pid", [(s, None) for s in range(4)])
+        assert [answers[s] for s in range(4)] == [pids[s % 2] for s in range(4)]
+        resets = pool.call("reset", [(s, (s, {"task_id": s})) for s in range(4)])
+        assert [resets[s][1]["task_id"] for s in range(4)] == [0, 1, 2, 3]  # own envs
+        assert len({resets[s][1]["task"] for s in range(4)}) > 1
+
+
+def test_recycling_waits_and_is_not_counted_as_a_restart():
+    with EnvPool(CORRIDOR, {"split": "test"}, num_envs=2, num_workers=2,
+                 recycle_after=2) as pool:
+        before = pool.pids()
+        pool.call("reset", [(0, (0, {"task_id": 0}))])
+        assert not pool.draining(0)
+        pool.call("reset", [(0, (0, {"task_id": 1})), (1, (0, {"task_id": 1}))])
+        assert pool.draining(0) and not pool.draining(1)  # worker 0: 2 resets, worker 1: 1
+        assert pool.recycle_idle({0}) == 0 and pool.pids() == before  # mid-episode
+        assert pool.recycle_idle(set()) == 1
+        after = pool.pids()
+        assert after[0] != before[0] and after[1] == before[1]
+        assert (pool.restarts, pool.recycles) == (0, 1)
+        assert not pool.draining(0)
+        answer = pool.call("reset", [(0, (3, {"task_id": 3}))])[0]
+        assert answer[1]["task_id"] == 3  # the new worker serves
+
+
+def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():
+    with EnvPool(STALL, num_envs=2, num_workers=2, timeout_s=2) as pool:
+        before = pool.pids()
+        pool.call("reset", [(0, (0, None)), (1, (0, None))])
+        out = pool.call("step", [(0, "stall"), (1, "finish")])
+        assert isinstance(out[0], WorkerFailure) and "stopped answering" in out[0].message
+        assert out[1][1] == 1.0 and out[1][2] is True
+        assert pool.restarts == 1 and pool.recycles == 0
+        assert pool.pids()[0] != before[0] and pool.pids()[1] == before[1]
+        raised = pool.call("step", [(1, "explode")])[1]
+        assert isinstance(raised, WorkerFailure) and "exploded" in raised.message
+        assert pool.restarts == 1  # an env's error is not a dead worker
+        assert pool.call("reset", [(0, (0, None))])[0][0] == "ready"
+
+
+class Scripted:
+    """Plays ``first`` at step 0, then the expert; fills NLL spans and entropies."""
+
+    needs_expert = True
+
+    def __init__(self, first: str, text: str | None = None):
+        self.first, self.text, self.turns = first, text, []
+
+    def act(self, turns):
+        self.turns.extend(turns)
+        out = []
+        for turn in turns:
+            action = self.first if turn.step == 0 else turn.expert_action
+            text = self.text if (turn.step == 0 and self.text) else format_response(action)
+            out.append(ActionOutput(text, action, nll={"response": 1.0 + turn.step,
+                                                       "action": 2.0, "think": 3.0},
+                                    entropies=[0.5, 1.5] if turn.step else None,
+                                    extra={"token_source": "retokenized"}))
+        return out
+
+
+def play(policy, tasks, group_size=1, **env):
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                         **{"invalid_penalty": -0.1, **env})
+    collector = Collector(section)
+    try:
+        return collector.run(policy, tasks, group_size)
+    finally:
+        collector.close()
+
+
+@pytest.mark.parametrize("mode", ["reward", "row"])
+def test_the_invalid_penalty_falls_on_invalid_steps_only(mode):
+    rollout = play(Scripted("dance"), [(0, 1), (1, 2)], penalty_mode=mode, reward_scale=10)
+    t = rollout.table
+    for ep in rollout.episodes:
+        rows = list(ep.rows)
+        assert ep.won and ep.score == 1.0 and ep.length == len(rows) > 2
+        assert t["action_valid"][rows].tolist() == [False] + [True] * (len(rows) - 1)
+        penalty, reward = t["penalty"][rows], t["reward"][rows]
+        if mode == "reward":  # in the step's reward
+            assert reward.tolist() == [-0.1] + [0.0] * (len(rows) - 2) + [10.0]
+            assert penalty.tolist() == [0.0] * len(rows)
+        else:  # on the row, apart from the reward
+            assert reward.tolist() == [0.0] * (len(rows) - 1) + [10.0]
+            assert penalty.tolist() == [-0.1] + [0.0] * (len(rows) - 1)
+        assert t["env_reward"][rows].tolist() == [0.0] * (len(rows) - 1) + [1.0]
+        assert ep.total_reward == pytest.approx(float(reward.sum()))  # every step counted
+        assert ep.total_reward == pytest.approx(9.9 if mode == "reward" else 10.0)
+
+
+def test_format_invalid_steps_and_success_reward():
+    """verl-agent's definitions: a response without think tags is invalid even when its
+    action is admissible; ``success`` pays 1 on the winning step only."""
+    rollout = play(Scripted("walk forward", text="<action>walk forward</action>"), [(0, 1)],
+                   invalid_definition="format", reward="success")
+    t, [ep] = rollout.table, rollout.episodes
+    assert t["action_valid"][0] and t["reward"][0] == pytest.approx(-0.1)
+    assert ep.total_reward == pytest.approx(0.9) and t["reward"][-1] == 1.0
+    assert t["reward"][1:-1].tolist() == [0.0] * (len(t) - 2)
+
+
+def test_every_step_leads_to_the_next_steps_state():
+    rollout = play(make_policy("random", seed=4), [(0, 1), (1, 2), (2, 3)], group_size=3)
+    t = rollout.table
+    assert len(rollout.episodes) == 9
+    for ep in rollout.episodes:
+        rows = list(ep.rows)
+        for a, b in zip(rows, rows[1:]):
+            assert t["next_state_key"][a] == t["state_key"][b]
+            assert t["next_state"][a] == t["state"][b]
+            assert t["obs_next_state"][a] == t["obs_state"][b]
+        last = rows[-1]
+        assert t["terminal"][last] or t["truncated"][last]
+        if t["terminal"][last]:  # the terminal state has a key of its own
+            assert t["next_state_key"][last] != t["state_key"][last]
+        assert ep.final_observation
+
+
+def test_rows_carry_the_turn_keys_spans_and_token_source():
+    policy = Scripted("walk forward")
+    rollout = play(policy, [(0, 7), (1, 8)], group_size=2, nll_span="action")
+    t = rollout.table
+    assert t["nll"].tolist() == [2.0] * len(t)  # the configured span
+    assert t["nll_response"][list(rollout.episodes[0].rows)][:2].tolist() == [1.0, 2.0]
+    assert t["nll_think"].tolist() == [3.0] * len(t)
+    first = [ep.rows[0] for ep in rollout.episodes]
+    assert all(math.isnan(t["entropy"][r]) for r in first)
+    assert all(t["entropy"][r + 1] == 1.0 for r in first)  # the mean of the entropies
+    assert all(info.get("token_source") == "retokenized" for info in t["info"])
+    keys = {(turn.key, turn.step) for turn in policy.turns}
+    for g, seed in enumerate((7, 8)):
+        for member in range(2):
+            assert (row_key(seed, member, 0), 0) in keys and (row_key(seed, member, 1), 1) in keys
+    turn = next(tn for tn in policy.turns if tn.step == 2)
+    assert len(turn.history) == 2 and turn.expert_action is not None
+    assert [(e.group, e.traj) for e in rollout.episodes] == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert np.all(np.diff([e.rows.start for e in rollout.episodes]) > 0)
