@@ -336,3 +336,86 @@ def test_kl_penalty_pulls_the_policy_back_to_its_reference(tiny_model_path):
     table, _ = samples(tok)
     kls = [learner.update(table, np.zeros(len(table)))["losses/kl"] for _ in range(3)]
     assert kls[0] > 0 and kls[1] < kls[0] and kls[2] < kls[1], kls
+
+
+@pytest.mark.parametrize("cap", [None, 1.2])
+def test_truncated_importance_sampling(tiny_model_path, cap):
+    """Rollout log-probs 0.5 below the learner's: the ratio pi_learner / pi_rollout is
+    e^0.5 on every token (logged), and with tis_cap the policy gradient is scaled by
+    min(e^0.5, cap)."""
+    import math
+
+    import numpy as np
+
+    from conftest import full_logprobs
+    from gaca_agent.steps import StepTable
+
+    grads = {}
+    for c in (None, cap):
+        learner, tok = make_learner(tiny_model_path, kl_coef=0.0, old_logprobs="recompute",
+                                    tis_cap=c, micro_batch_size=4)
+        table, adv = samples(tok)
+        model = learner.unwrapped
+        exact = [full_logprobs(model, table["prompt_ids"][i], table["completion_ids"][i])
+                 .numpy() - 0.5 for i in range(len(table))]
+        table = StepTable.from_tokens(list(table["prompt_ids"]), list(table["completion_ids"]), exact)
+        seen = capture_grads(learner)
+        metrics = learner.update(table, np.asarray(adv))
+        assert metrics["train/is_ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-3)
+        assert metrics["train/is_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-3)
+        assert metrics["train/rollout_logprob_gap"] == pytest.approx(0.5, rel=1e-3)
+        # recompute: the ratio is the learner's own (1), never the rollout's e^0.5
+        assert metrics["losses/clip_frac"] == 0
+        grads[c] = seen
+    if cap is None:
+        return
+    scale = min(math.exp(0.5), cap)
+    for name, g in grads[None].items():
+        assert np.allclose(grads[cap][name].numpy(), scale * g.numpy(), rtol=1e-3, atol=1e-7)
+
+
+def test_recomputed_old_logprobs_replace_the_rollouts(tiny_model_path):
+    """old_logprobs: recompute: the ratio's denominator is the learner's own pass, so
+    rollout log-probs 0.7 too low give exactly the update that exact ones give under
+    ``rollout``; the logged gap is the 0.7, and a token the engine gave no log-prob for
+    is left out of the ratio's statistics."""
+    import math
+
+    import numpy as np
+
+    grads, metrics = {}, {}
+    for mode, shift in (("rollout", 0.0), ("recompute", -0.7)):
+        learner, tok = make_learner(tiny_model_path, kl_coef=0.0, old_logprobs=mode)
+        table, adv = samples(tok)
+        table = exact_table(learner, table, shift)
+        if mode == "recompute":  # one token without a rollout log-prob
+            table.ragged["logprobs"].values[0] = np.nan
+        grads[mode] = capture_grads(learner)
+        metrics[mode] = learner.update(table, adv)
+    m = metrics["recompute"]
+    assert m["train/rollout_logprob_gap"] == pytest.approx(0.7, rel=1e-3)
+    assert m["train/is_ratio_mean"] == pytest.approx(math.exp(0.7), rel=1e-3)
+    assert "train/rollout_logprob_gap" not in metrics["rollout"]
+    assert grads["rollout"] and set(grads["rollout"]) == set(grads["recompute"])
+    for name, g in grads["rollout"].items():
+        assert torch.allclose(grads["recompute"][name], g, rtol=1e-4, atol=1e-7), name
+
+
+def test_the_entropy_bonus_raises_entropy_and_logging_it_changes_nothing(tiny_model_path):
+    """Advantages 0 and no KL: the entropy bonus is the only gradient, so the logged
+    entropy rises update after update. ``log_entropy`` alone logs it and moves nothing."""
+    import numpy as np
+
+    learner, tok = make_learner(tiny_model_path, kl_coef=0.0, entropy_coef=1.0, lr=1e-3)
+    table, _ = samples(tok)
+    zeros = np.zeros(len(table))
+    ents = [learner.update(table, zeros)["losses/entropy"] for _ in range(3)]
+    assert ents[0] < ents[1] < ents[2], ents
+    quiet, _ = make_learner(tiny_model_path, kl_coef=0.0, log_entropy=True)
+    before = params(quiet.unwrapped)
+    logged = quiet.update(table, zeros)["losses/entropy"]
+    assert logged == pytest.approx(ents[0], rel=1e-5)
+    after = params(quiet.unwrapped)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    plain, _ = make_learner(tiny_model_path, kl_coef=0.0)
+    assert "losses/entropy" not in plain.update(table, zeros)

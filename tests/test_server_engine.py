@@ -234,43 +234,6 @@ def test_streaming_policies_are_not_played_in_rounds():
     assert fast_before >= 10  # rounds would have allowed 2 (each fast episode's first turn)
 
 
-@pytest.mark.parametrize("cap", [None, 1.2])
-def test_truncated_importance_sampling(tiny_model_path, cap):
-    """Rollout log-probs 0.5 below the learner's: the ratio pi_learner / pi_rollout is
-    e^0.5 on every token (logged), and with tis_cap the policy gradient is scaled by
-    min(e^0.5, cap)."""
-    import math
-
-    import numpy as np
-    from test_learner import capture_grads, make_learner, samples
-
-    from conftest import full_logprobs
-    from gaca_agent.steps import StepTable
-
-    grads = {}
-    for c in (None, cap):
-        learner, tok = make_learner(tiny_model_path, kl_coef=0.0, old_logprobs="recompute",
-                                    tis_cap=c, micro_batch_size=4)
-        table, adv = samples(tok)
-        model = learner.unwrapped
-        exact = [full_logprobs(model, table["prompt_ids"][i], table["completion_ids"][i])
-                 .numpy() - 0.5 for i in range(len(table))]
-        table = StepTable.from_tokens(list(table["prompt_ids"]), list(table["completion_ids"]), exact)
-        seen = capture_grads(learner)
-        metrics = learner.update(table, np.asarray(adv))
-        assert metrics["train/is_ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-3)
-        assert metrics["train/is_ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-3)
-        assert metrics["train/rollout_logprob_gap"] == pytest.approx(0.5, rel=1e-3)
-        # recompute: the ratio is the learner's own (1), never the rollout's e^0.5
-        assert metrics["losses/clip_frac"] == 0
-        grads[c] = seen
-    if cap is None:
-        return
-    scale = min(math.exp(0.5), cap)
-    for name, g in grads[None].items():
-        assert np.allclose(grads[cap][name].numpy(), scale * g.numpy(), rtol=1e-3, atol=1e-7)
-
-
 def test_config_refuses_what_the_server_engine_cannot_do():
     from gaca_agent.config import load_config
 

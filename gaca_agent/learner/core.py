@@ -224,10 +224,9 @@ class Learner:
         for _ in range(cfg.ppo_epochs):
             for mini in split_even(rows, n_mini):
                 self._step(data, mini, sums)
-        row_tokens = float(data["completion_ids"].lengths()[rows].sum())
         totals = self._global_sum([sums.get(k, 0.0) for k in _SUM_KEYS]
-                                  + [gap, row_tokens, ratio["sum"], ratio["n"]])
-        s = dict(zip(_SUM_KEYS + ("gap", "row_tokens", "ratio_sum", "ratio_n"), totals))
+                                  + [gap, ratio["sum"], ratio["n"]])
+        s = dict(zip(_SUM_KEYS + ("gap", "ratio_sum", "ratio_n"), totals))
         return self._metrics(s, ratio)
 
     def _metrics(self, s: dict[str, float], ratio: dict[str, float]) -> dict[str, float]:
@@ -241,8 +240,9 @@ class Learner:
         if cfg.entropy_coef > 0 or cfg.log_entropy:
             out["losses/entropy"] = s["entropy"] / tokens
         if cfg.old_logprobs == "recompute":
-            # mean |recomputed - sampled| log-prob per token: rollout/learner mismatch
-            out["train/rollout_logprob_gap"] = s["gap"] / max(s["row_tokens"], 1.0)
+            # mean |recomputed - sampled| log-prob over the tokens the engine gave one
+            # for: the rollout/learner mismatch
+            out["train/rollout_logprob_gap"] = s["gap"] / max(s["ratio_n"], 1.0)
             # pi_learner_old / pi_rollout per token (truncated by tis_cap when set)
             out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
             out["train/is_ratio_max"] = self._global_max(float(ratio["max"]))
