@@ -83,8 +83,25 @@ def mutmut_section(area: str) -> str:
         'process_isolation = "forkserver"', "use_git_change_detection = false", ""])
 
 
+#: Appended to the copy's tests/conftest.py: the fastest tests first (by mutmut's own
+#: timings), so that a mutant stops (-x) at the cheapest test that catches it.
+FASTEST_FIRST = """
+
+def pytest_collection_modifyitems(config, items):  # added by scripts/mutation.py
+    import json
+
+    try:
+        with open("mutmut-stats.json") as f:
+            durations = json.load(f)["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+"""
+
+
 def prepare(area: str, work: Path) -> None:
-    """A fresh copy of the tree under ``work`` with the area's mutmut section."""
+    """A fresh copy of the tree under ``work`` with the area's mutmut section (and the
+    fastest-first ordering in its tests' conftest)."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -96,6 +113,8 @@ def prepare(area: str, work: Path) -> None:
             (work / venv).symlink_to(ROOT / venv)
     with open(work / "pyproject.toml", "a") as f:
         f.write(mutmut_section(area))
+    with open(work / "tests" / "conftest.py", "a") as f:
+        f.write(FASTEST_FIRST)
 
 
 def run_mutmut(work: Path, children: int, log: Path) -> int:

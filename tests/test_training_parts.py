@@ -1,0 +1,262 @@
+"""The training loop's parts, in process: a short run logs exactly what its stored
+rollouts hold; each iteration's task groups, rank-global ids and reduced metrics; the
+weight sync after each update (the files it keeps, the names it loads, both probes, the
+error it stops with)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gaca_agent.collect.collector import Collector
+from gaca_agent.config import EnvSection, load_config
+from gaca_agent.policies import make_policy
+from gaca_agent.training.iteration import (estimate, globalize, iteration_tasks,
+                                           rollout_metrics, rollout_sums)
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "gaca_agent" / "configs" / "default.yaml"
+
+
+def test_a_short_run_logs_what_its_rollouts_hold(tmp_path, fresh_accelerate):
+    from gaca_agent.training.loop import train
+
+    cfg = load_config(str(DEFAULT), [
+        f"out_dir={tmp_path}", "name=short", "iterations=2", "eval_every=3",
+        "checkpoint_every=0", "keep_rollouts=tokens", "env.groups=3", "env.group_size=2",
+        "env.max_live_envs=6", "env.eval_episodes=6", "env.invalid_penalty=-0.1",
+        "warmup.bc_steps=10", "warmup.bc_episodes=4", "model.max_new_tokens=12",
+        "learner.micro_batch_size=16", "learner.mini_batches=1"])
+    run = train(cfg, progress=False)
+    rows = {r["iteration"]: r for r in map(json.loads, (run / "metrics.jsonl").open())}
+    assert sorted(rows) == [-1, 0, 1]
+    assert "eval/success" in rows[-1] and "eval/success" in rows[1]
+    assert "eval/success" not in rows[0]  # every 3rd iteration, and the last
+    for it in (0, 1):
+        episodes = [json.loads(x) for x in gzip.open(
+            run / "rollouts" / f"iter-{it:05d}.rank0.jsonl.gz", "rt")]
+        assert len(episodes) == 6
+        r = rows[it]
+        assert r["rollout/success"] == pytest.approx(np.mean([e["won"] for e in episodes]))
+        assert r["rollout/length"] == pytest.approx(np.mean([e["steps"] for e in episodes]))
+        assert r["rollout/return"] == pytest.approx(np.mean([e["reward"] for e in episodes]))
+        assert r["rollout/failed"] == 0.0
+        steps = [s for e in episodes for s in e["trajectory"]]
+        assert r["rollout/format_invalid"] == pytest.approx(
+            np.mean([not s["format_valid"] for s in steps]))
+        assert r["train/tokens"] == sum(len(s["response_ids"]) for s in steps)
+        assert all("advantage" in s and "weight" in s for s in steps)
+        tasks = iteration_tasks(cfg, it, 48)  # the train split's 48 tasks
+        assert [(e["task_id"], e["seed"]) for e in episodes[::2]] == tasks
+        assert [(e["group"], e["traj"]) for e in episodes] == [(g, 2 * g + i)
+                                                                for g in range(3)
+                                                                for i in range(2)]
+    final = json.loads((run / "final_eval" / "results.json").read_text())
+    assert final["n"] == 6  # the last iteration's held-out episodes, played again
+    assert final["success_rate"] == pytest.approx(rows[1]["eval/success"])
+    report = [json.loads(x) for x in (run / "train_episodes.jsonl").open()]
+    assert [e["task_id"] for e in report[::2]] == [t for t, _ in iteration_tasks(cfg, 1, 48)]
+
+
+def test_iteration_tasks_are_the_runs_own_draw():
+    cfg = load_config(None, ["env.groups=6", "seed=3"])
+    a = iteration_tasks(cfg, 4, 48)
+    assert a == iteration_tasks(cfg, 4, 48) and len(a) == 6
+    assert a != iteration_tasks(cfg, 5, 48)
+    assert a != iteration_tasks(load_config(None, ["env.groups=6", "seed=4"]), 4, 48)
+    assert len({t for t, _ in a}) == 6 and all(0 <= t < 48 for t, _ in a)  # no repeats
+    assert all(0 <= s < 2**31 - 1 for _, s in a)
+    few = iteration_tasks(cfg, 4, 2)  # more groups than tasks: tasks repeat
+    assert {t for t, _ in few} <= {0, 1} and len(few) == 6
+    unnumbered = iteration_tasks(cfg, 4, None)
+    assert [t for t, _ in unnumbered] == list(range(6))
+    assert len({s for _, s in unnumbered}) == 6
+
+
+def collected(tasks, group_size, policy="random", **env):
+    collector = Collector(EnvSection(id="gaca/Diag-Slippery-v0", kwargs={"split": "test"},
+                                     max_live_envs=4, **env))
+    try:
+        return collector.run(make_policy(policy, seed=1), tasks, group_size)
+    finally:
+        collector.close()
+
+
+def test_a_ranks_ids_become_the_iterations_ids():
+    rollout = collected([(0, 5), (1, 6)], 2)
+    globalize(rollout, [1, 3], 2)  # this rank played the iteration's groups 1 and 3
+    assert [(e.group, e.traj) for e in rollout.episodes] == [(1, 2), (1, 3), (3, 6), (3, 7)]
+    table = rollout.table
+    for e in rollout.episodes:
+        assert set(table["group"][list(e.rows)]) == {e.group}
+        assert set(table["traj"][list(e.rows)]) == {e.traj}
+
+
+def test_rollout_metrics_count_finished_episodes():
+    rollout = collected([(0, 5), (1, 6), (2, 7)], 2, invalid_penalty=-0.1)
+    eps = rollout.episodes
+    eps[0].score = 0.25  # a partial score (WebShop's), apart from success
+    eps[1].failed = True
+    rollout.table.columns["failed"][list(eps[1].rows)] = True
+    sums = rollout_sums(rollout)
+    done = [e for i, e in enumerate(eps) if i != 1]
+    assert sums["episodes"] == 5 and sums["failed"] == 1
+    assert sums["won"] == sum(e.won for e in done)
+    assert sums["steps"] == sum(e.length for e in done)
+    m = rollout_metrics(sums)
+    assert m["rollout/success"] == pytest.approx(np.mean([e.won for e in done]))
+    assert m["rollout/return"] == pytest.approx(np.mean([e.total_reward for e in done]))
+    assert m["rollout/length"] == pytest.approx(np.mean([e.length for e in done]))
+    assert m["rollout/score"] == pytest.approx(np.mean([e.score for e in done]))
+    assert m["rollout/failed"] == 1.0 and m["rollout/format_invalid"] == 0.0
+    held = rollout_metrics(sums, "eval")
+    assert set(held) == {"eval/success", "eval/score", "eval/length", "eval/format_invalid"}
+    empty = rollout_metrics({k: 0.0 for k in sums})
+    assert empty["rollout/success"] == 0.0 and empty["rollout/format_invalid"] == 0.0
+
+
+@pytest.mark.parametrize("anchor", ["state", "observation"])
+def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, fresh_accelerate):
+    from accelerate import Accelerator
+
+    from gaca_agent.advantages import compute
+    from gaca_agent.steps import step_batch
+
+    rollout = collected([(0, 5), (1, 6)], 4)
+    table = rollout.training_table()
+    cfg = load_config(None, ["algo.estimator=gigpo", f"algo.anchor={anchor}"])
+    adv, diag, weight = estimate(Accelerator(cpu=True), cfg, table)
+    expected, _, rows = compute("gigpo", step_batch(table.scalars(anchor=anchor)), details=True,
+                                **cfg.algo.params)
+    assert np.array_equal(adv, expected) and np.array_equal(weight, rows["weight"])
+    assert len(adv) == len(table) and diag
+
+
+# ------------------------------------------------------------------ the weight sync
+class FakeLearner:
+    """What WeightSync uses of the learner: saves, the score, one process."""
+
+    def __init__(self, lora: bool, scores):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(lora_r=4 if lora else 0)
+        self.accelerator = SimpleNamespace(is_main_process=True, num_processes=1,
+                                           wait_for_everyone=lambda: None)
+        self.scores, self.saved = scores, []
+
+    def save_adapter(self, path):
+        Path(path).mkdir(parents=True)
+        self.saved.append(("adapter", Path(path).name))
+
+    def save_weights(self, path, dtype):
+        Path(path).mkdir(parents=True)
+        self.saved.append((dtype, Path(path).name))
+
+    def rollout_context(self):
+        return nullcontext()
+
+    def score(self, prompt, completion, temperature):
+        return np.asarray(self.scores[temperature])
+
+
+class FakeServer:
+    """A server engine that records the syncs and answers the probe with given log-probs;
+    ``seeded``: the second probe answer repeats the first."""
+
+    def __init__(self, kind, served, seeded=True, fail=None):
+        self.kind, self.served, self.seeded, self.fail = kind, served, seeded, fail
+        self.adapter = self.weight_version = None
+        self.calls, self.probes = [], []
+
+    def load_adapter(self, name, path):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        self.calls.append(("adapter", name, path))
+        self.adapter = name
+
+    def update_weights_from_disk(self, path, version):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        self.calls.append(("disk", version, path))
+        self.weight_version = version
+
+    def complete(self, messages, tokens, temperature, key=None):
+        from gaca_agent.generate.engines import Completion
+
+        self.probes.append(temperature)
+        again = len(self.probes) % 2 == 0
+        ids = [9, 9, 9] if again and not self.seeded else [7, 8, 9]
+        return Completion([1], ids, list(self.served[temperature]), "x", "stop")
+
+
+def weight_sync(tmp_path, lora, kind="vllm", temperatures=(1.0, 0.4), served=None,
+                scores=None, **server):
+    from types import SimpleNamespace
+
+    from gaca_agent.training.sync import WeightSync
+
+    scores = scores or {1.0: [-1.0, -2.0, -3.0], 0.4: [-0.5, -0.5, -0.5]}
+    learner = FakeLearner(lora, scores)
+    engine = FakeServer(kind, served or scores, **server)
+    section = SimpleNamespace(sync_dtype="bfloat16", probe_tokens=3, probe_tolerance=0.05)
+    return WeightSync(learner, engine, tmp_path, "run", section, *temperatures), learner, engine
+
+
+def test_lora_sync_loads_each_version_under_its_own_name_and_keeps_two(tmp_path):
+    sync, learner, engine = weight_sync(tmp_path, lora=True)
+    for version in (1, 2, 3):
+        metrics = sync(version)
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v2", "v3"]
+    names = [name for _, name, _ in engine.calls]
+    assert names == [f"{sync.prefix}-v{v}" for v in (1, 2, 3)] and sync.prefix.startswith("run-")
+    assert engine.calls[-1][2] == str((tmp_path / "adapters" / "v3").resolve())
+    assert engine.adapter == names[-1] and engine.weight_version is None  # vLLM: the name
+    assert learner.saved == [("adapter", f"v{v}") for v in (1, 2, 3)]
+    assert metrics["sync/version"] == 3.0 and metrics["sync/seconds"] >= 0
+    assert engine.probes == [1.0, 1.0, 0.4, 0.4] * 3  # both temperatures, every sync
+    assert metrics["probe/mean_gap"] == 0.0 and metrics["probe_eval/tokens"] == 3.0
+    sglang, _, engine2 = weight_sync(tmp_path / "s", lora=True, kind="sglang")
+    sglang(1)
+    assert engine2.weight_version == f"{sglang.prefix}-v1"  # SGLang: checked by version
+
+
+def test_full_weight_sync_labels_the_weights_it_loaded(tmp_path):
+    sync, learner, engine = weight_sync(tmp_path, lora=False, temperatures=(1.0, 0.0))
+    sync(0)
+    sync(1)
+    assert learner.saved == [("bfloat16", "v0"), ("bfloat16", "v1")]
+    assert engine.calls[-1] == ("disk", f"{sync.prefix}-v1",
+                                str((tmp_path / "weights" / "v1").resolve()))
+    assert engine.weight_version == f"{sync.prefix}-v1"
+    assert engine.probes == [1.0, 1.0] * 2  # greedy held-out decoding is not probed
+    same, _, engine2 = weight_sync(tmp_path / "same", lora=False, temperatures=(0.7, 0.7),
+                                   scores={0.7: [-1.0], 1.0: [-1.2]})
+    assert set(same(1)) >= {"probe/mean_gap"} and engine2.probes == [0.7, 0.7]
+
+
+def test_a_failed_load_or_probe_stops_with_the_version_and_reason(tmp_path, capsys):
+    from gaca_agent.generate.probe import ProbeMismatch
+    from gaca_agent.generate.server_engine import WeightSyncError
+
+    sync, _, _ = weight_sync(tmp_path / "a", lora=True, fail="disk quota")
+    with pytest.raises(WeightSyncError, match="weight sync of version 2 failed: "
+                                              "RuntimeError: disk quota"):
+        sync(2)
+    off = {1.0: [-1.0, -2.0, -3.0], 0.4: [-0.5, -0.5, -0.9]}  # held-out answers differ
+    sync, _, engine = weight_sync(tmp_path / "b", lora=True, served=off)
+    with pytest.raises(ProbeMismatch, match="after the weight sync of version 1.*0.1333"):
+        sync(1)
+    sync, _, _ = weight_sync(tmp_path / "c", lora=True, seeded=False)
+    sync(1)
+    sync(2)
+    warned = capsys.readouterr().out
+    assert warned.count("ignores the request seed") == 1
+    assert sync(3)["probe/seed_honoured"] == 0.0
