@@ -59,6 +59,10 @@ def test_ragged_rows_keep_their_values_through_take():
     assert picked.offsets.tolist() == [0, 3, 3, 5, 8, 9]
     empty = Ragged.from_lists([None, []], np.float64)
     assert len(empty) == 2 and empty.values.shape == (0,) and empty.values.dtype == np.float64
+    as_floats = Ragged.from_lists([[0, -1]], np.float64)  # ints given: float64 kept
+    assert as_floats.values.dtype == np.float64
+    nothing = r.take([])
+    assert len(nothing) == 0 and nothing.offsets.tolist() == [0]
 
 
 def test_concatenated_tables_keep_every_rows_contents():
@@ -97,15 +101,21 @@ def test_builder_refuses_unknown_columns_and_fills_defaults():
     t = b.table()
     assert t["episode"].tolist() == [0, 0] and t["failed"].tolist() == [False, False]
     assert np.isnan(t["advantage"]).all() and np.isnan(t["weight"]).all()
-    filled = b.table(episode=7, failed=True)
+    filled = b.table(episode=7, failed=True, advantage=0)
     assert filled["episode"].tolist() == [7, 7] and filled["failed"].tolist() == [True, True]
     assert filled["reward"].tolist() == [0.0, 0.5]
-    for k, dtype in SCALARS.items():
-        assert filled.columns[k].dtype == np.dtype(dtype), k
+    ints = TableBuilder()  # values given as Python ints keep each column's dtype
+    ints.append(**row(0, reward=0, nll=1, entropy=0, prompt_ids=[], completion_ids=[],
+                      logprobs=[]))
+    for table in (filled, ints.table(), TableBuilder().table()):
+        for k, dtype in SCALARS.items():
+            assert table.columns[k].dtype == np.dtype(dtype), k
+        for k, dtype in RAGGED.items():
+            assert table.ragged[k].values.dtype == np.dtype(dtype), k
 
 
 def test_record_is_the_episode_file_row():
-    t = table_of([row(2), row(3, entropy=float("nan"))])
+    t = table_of([row(2), row(3, entropy=float("nan"), terminal=True, truncated=True)])
     t.columns["advantage"] = np.array([0.5, np.nan])
     r = t.record(0)
     assert r == {"t": 2, "observation": "obs 2", "admissible_actions": ["go 2", "look"],
@@ -116,6 +126,7 @@ def test_record_is_the_episode_file_row():
                  "nll_spans": {"response": 4.0, "action": 5.0, "think": 6.0},
                  "entropy": 0.5, "advantage": 0.5, "info": {"score": 2}}
     second = t.record(1, tokens=True)
+    assert second["terminated"] is True and second["truncated"] is True
     assert second["entropy"] is None and "advantage" not in second and "weight" not in second
     assert second["prompt_ids"] == [0, 1, 2, 3] and second["response_ids"] == [103] * 5
     assert second["logprobs"] == pytest.approx([-0.4] * 5)
@@ -133,11 +144,18 @@ def test_estimator_view_anchors_and_unknown_entropy():
     assert o.texts["observation"] == ["obs 0", "obs 1"]
     with pytest.raises(ValueError, match="anchor"):
         t.scalars(anchor="text")
+    t = table_of([row(0, group=3, traj=5, penalty=-0.1),
+                   row(1, group=3, traj=5, entropy=float("nan"), terminal=True)])
     batch = step_batch(t)
     assert batch.entropy.tolist() == [0.0, 2.0]  # the NaN entropy is the step's NLL
-    assert not np.isnan(batch.entropy).any()
+    assert batch.entropy.dtype == np.float64 and batch.nll.dtype == np.float64
     assert batch.nll.tolist() == [1.0, 2.0] and batch.reward.tolist() == [0.0, 0.5]
     assert batch.state.tolist() == [10, 11] and batch.action.tolist() == [20, 21]
+    assert batch.next_state.tolist() == [11, 12] and batch.terminal.tolist() == [False, True]
+    assert batch.group.tolist() == [3, 3] and batch.traj.tolist() == [5, 5]
+    assert batch.t.tolist() == [0, 1] and batch.penalty.tolist() == [-0.1, 0.0]
+    assert batch.observation == ["obs 0", "obs 1"]
+    assert step_batch(t.scalars()).observation is None
 
 
 def test_rollout_trains_on_finished_episodes_and_attaches_back():
@@ -160,6 +178,8 @@ def test_rollout_trains_on_finished_episodes_and_attaches_back():
     steps = rollout.steps(episodes[0])
     assert [s["t"] for s in steps] == [0, 1] and steps[1]["advantage"] == 2.0
     assert "advantage" not in rollout.steps(episodes[1])[0]
+    assert "prompt_ids" not in steps[0]
+    assert rollout.steps(episodes[2], tokens=True)[0]["response_ids"] == [100] * 2
 
 
 def test_from_tokens_rows_are_one_trajectory_each():
@@ -168,6 +188,15 @@ def test_from_tokens_rows_are_one_trajectory_each():
     assert t["episode"].tolist() == [0, 1]
     assert t["completion_ids"][1].tolist() == [5, 6] and t["logprobs"][0].tolist() == [-0.5]
     assert t["terminal"].all() and t["format_valid"].all() and np.isnan(t["entropy"]).all()
+    r = t.record(1)
+    assert r == {"t": 0, "observation": "", "admissible_actions": [], "response": "",
+                 "action": "", "penalty": 0.0, "format_valid": True, "action_valid": True,
+                 "reward": 0.0, "env_reward": 0.0, "state_key": "", "next_state_key": "",
+                 "terminated": True, "truncated": False, "nll": 0.0,
+                 "nll_spans": {"response": 0.0, "action": 0.0, "think": 0.0},
+                 "entropy": None, "info": {}}
+    assert t.texts["admissible_actions"] == [(), ()] and t.texts["info"] == [{}, {}]
+    assert t["state"].tolist() == [0, 0] and t["action"].tolist() == [0, 0]
 
 
 CODE_IN_A_CHILD = "from gaca_agent.steps import code; print(code('kitchen: apple in fridge'))"
