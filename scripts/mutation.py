@@ -40,8 +40,8 @@ AREAS: dict[str, tuple[list[str], list[str]]] = {
                  ["tests/test_generate.py", "tests/test_server_engine.py",
                   "tests/test_upstream_servers.py", "tests/test_policies.py"]),
     "collect": (["gaca_agent/collect/*.py"],
-                ["tests/test_collect.py", "tests/test_collector_eval.py",
-                 "tests/test_env_server.py"]),
+                ["tests/test_collect.py", "tests/test_env_service.py",
+                 "tests/test_collector_eval.py", "tests/test_env_server.py"]),
     "steps": (["gaca_agent/steps.py"],
               ["tests/test_steps.py", "tests/test_collect.py", "tests/test_learner.py"]),
     "training": (["gaca_agent/training/*.py"],
@@ -50,7 +50,8 @@ AREAS: dict[str, tuple[list[str], list[str]]] = {
     "serving": (["gaca_agent/serving/*.py"],
                 ["tests/test_serve.py", "tests/test_fuzz_http.py",
                  "tests/test_server_engine.py"]),
-    "remote": (["gaca_envs/remote/*.py"], ["tests/test_env_server.py"]),
+    "remote": (["gaca_envs/remote/*.py"],
+               ["tests/test_env_service.py", "tests/test_env_server.py"]),
     "envs": (["gaca_envs/alfworld/canonical.py", "gaca_envs/webshop/reward.py"],
              ["tests/test_alfworld.py", "tests/test_webshop.py"]),
 }
@@ -80,6 +81,8 @@ def mutmut_section(area: str) -> str:
         f"also_copy = {json.dumps(top + ['README.md', 'CONTRIBUTING.md', 'mkdocs.yml'])}",
         'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        # a hung mutant is stopped after 4x its tests' own time (+10 s), not mutmut's 15x
+        "timeout_multiplier = 4.0", "timeout_constant = 10.0",
         'process_isolation = "forkserver"', "use_git_change_detection = false", ""])
 
 

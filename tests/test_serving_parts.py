@@ -1,0 +1,275 @@
+"""gaca-serve's parts without a model: the request checks (every refusal names its
+parameter), the response pieces, one streamed choice's deltas, and the batcher's
+grouping, bounds and error delivery."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from gaca_agent.serving import protocol as api
+from gaca_agent.serving.protocol import APIError, ChatParams, parse_chat
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def body(**extra):
+    return {"model": "tiny", "messages": MESSAGES, **extra}
+
+
+def refused(value) -> APIError:
+    with pytest.raises(APIError) as err:
+        parse_chat(value)
+    return err.value
+
+
+def test_a_checked_request_holds_what_was_asked():
+    assert parse_chat(body()) == ChatParams("tiny", ({"role": "user", "content": "hi"},))
+    p = parse_chat(body(stream=True, stream_options={"include_usage": True}, n=3,
+                        logprobs=True, top_logprobs=20, stop=["a", "", "b"], seed=-2 ** 63,
+                        max_completion_tokens=7, max_tokens=7, temperature=0, top_p=0.5,
+                        user="me", return_token_ids=True, return_tokens_as_token_ids=True,
+                        return_weight_versions=True, frequency_penalty=0, top_k=-1,
+                        min_p=0.0, repetition_penalty=1, logit_bias={}, store=False,
+                        metadata={}, presence_penalty=0.0, tools=None))
+    assert (p.stream, p.include_usage, p.n, p.logprobs, p.top_logprobs) == (True, True, 3,
+                                                                          True, 20)
+    assert (p.stop, p.seed, p.max_tokens, p.temperature, p.top_p) == (("a", "b"), -2 ** 63,
+                                                                      7, 0.0, 0.5)
+    assert p.return_token_ids and p.tokens_as_ids and p.weight_versions
+    assert parse_chat(body(stop="x", max_tokens=3)).stop == ("x",)
+    assert parse_chat(body(max_tokens=3)).max_tokens == 3
+    assert parse_chat(body(stream=True)).include_usage is False
+    roles = parse_chat(body(messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": "x", "name": "bot"},
+        {"role": "system", "content": "s", "tool_calls": None}])).messages
+    assert roles == ({"role": "system", "content": "a\nb"},
+                     {"role": "assistant", "content": "x"}, {"role": "system", "content": "s"})
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tools": []}, "tools", "does not support the parameter 'tools'"),
+    ({"frequency_penalty": 0.1}, "frequency_penalty", "supported: model, messages"),
+    ({"top_k": 5}, "top_k", "top_k"), ({"top_k": True}, "top_k", "top_k"),
+    ({"repetition_penalty": 1.1}, "repetition_penalty", "repetition_penalty"),
+    ({"repetition_penalty": True}, "repetition_penalty", "repetition_penalty"),
+    ({"frequency_penalty": False}, "frequency_penalty", "frequency_penalty"),
+    ({"model": ""}, "model", "'model' is required"), ({"model": 3}, "model", "required"),
+    ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens", "not two different"),
+    ({"max_tokens": 0}, "max_tokens", "at least 1, got 0"),
+    ({"max_completion_tokens": 2.0}, "max_completion_tokens", "integer"),
+    ({"logprobs": "yes"}, "logprobs", "true or false"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20, got 21"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "needs stream: true"),
+    ({"stream": True, "stream_options": {"x": 1}}, "stream_options", "include_usage only"),
+    ({"stream": True, "stream_options": [1]}, "stream_options", "include_usage only"),
+    ({"temperature": 2.5}, "temperature", "between 0 and 2, got 2.5"),
+    ({"temperature": "1"}, "temperature", "number"),
+    ({"top_p": 0}, "top_p", "(0, 1]"), ({"top_p": 1.5}, "top_p", "between 0 and 1"),
+    ({"seed": 2 ** 63}, "seed", "64-bit"), ({"seed": 1.0}, "seed", "64-bit"),
+    ({"seed": True}, "seed", "64-bit"), ({"user": 3}, "user", "user must be a string"),
+    ({"n": 17}, "n", "between 1 and 16"), ({"n": 0}, "n", "between 1 and 16"),
+    ({"stop": ["a"] * 5}, "stop", "at most 4"), ({"stop": [1]}, "stop", "list of strings"),
+    ({"stop": {"a": 1}}, "stop", "list of strings"),
+    ({"messages": []}, "messages", "non-empty list"),
+    ({"messages": ["hi"]}, "messages[0]", "must be an object"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "no tool calling"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]},
+     "messages[0].tool_call_id", "is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content", "only text parts are supported, got 'image_url'"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content", "'str'"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
+     "messages[0].content", "only text parts"),
+    ({"messages": [MESSAGES[0], {"role": "user", "content": 3}]}, "messages[1].content",
+     "a string or a list of text parts"),
+])
+def test_every_refusal_names_its_parameter(extra, param, words):
+    err = refused(body(**extra))
+    assert (err.status, err.param) == (400, param) and words in err.message
+    assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_error_bodies_and_response_pieces():
+    assert refused([1]).message == "the request body must be a JSON object"
+    assert refused(body(tools=[])).code == "unsupported_parameter"
+    assert APIError(429, "busy").body()["error"]["type"] == "rate_limit_error"
+    assert APIError(401, "key").body()["error"]["type"] == "authentication_error"
+    assert APIError(503, "x").body()["error"]["type"] == "server_error"
+    assert APIError(418, "x", "p", "c").body() == {"error": {"message": "x",
+                                                             "type": "server_error",
+                                                             "param": "p", "code": "c"}}
+    entry = api.token_entry(("a", [97]), -0.5, [(("a", [97]), -0.5), (("b", [98]), -1.0)])
+    assert entry == {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [
+        {"token": "a", "logprob": -0.5, "bytes": [97]},
+        {"token": "b", "logprob": -1.0, "bytes": [98]}]}
+    assert api.usage(3, 4) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    chunk = api.chunk("id", 5, "m", [], include_usage=True, extra=1)
+    assert chunk == {"id": "id", "object": "chat.completion.chunk", "created": 5,
+                     "model": "m", "choices": [], "extra": 1, "usage": None}
+    assert "usage" not in api.chunk("id", 5, "m", [])
+    assert api.new_id().startswith("chatcmpl-") and api.new_id() != api.new_id()
+    assert abs(api.now() - time.time()) < 2
+    decoder = api.byte_decoder()
+    assert sorted(decoder.values()) == list(range(256))  # every byte has one character
+    assert decoder["A"] == 65 and decoder["\u0120"] == 32  # GPT-2's space
+
+
+class CharTokenizer:
+    """One character per token id (id = code point); id 0 is EOS."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids if i)
+
+
+def push_all(stream, text):
+    return [stream.push(ord(c)) for c in text]
+
+
+def test_a_streamed_choice_never_takes_back_a_delta():
+    from gaca_agent.serving.stream import ChoiceStream, _settled
+
+    s = ChoiceStream(CharTokenizer(), {0}, ["END"], 100)
+    out = push_all(s, "abEN")
+    assert [d for _, d in out] == ["a", "b", "", ""]  # "EN" may begin the stop string
+    assert s.push(ord("X")) == (True, "ENX")  # it did not
+    assert push_all(s, "yEND") == [(True, "y"), (True, ""), (True, ""), (True, "")]
+    assert s.done and s.push(ord("z")) == (False, "")  # after the stop: not the choice's
+    assert s.rest("abENXy") == ""
+    eos = ChoiceStream(CharTokenizer(), {0}, [], 100)
+    assert push_all(eos, "ok") == [(True, "o"), (True, "k")]
+    assert eos.push(0) == (True, "") and eos.done
+    short = ChoiceStream(CharTokenizer(), {0}, ["zz"], 2)
+    assert push_all(short, "az") == [(True, "a"), (True, "z")]  # max tokens: all released
+    assert short.done and short.rest("az!") == "!"
+    with pytest.raises(RuntimeError, match="not a prefix"):
+        short.rest("b")
+    assert _settled("abc\ufffd\ufffd", []) == "abc"
+    assert _settled("xyab", ["abc", "bq"]) == "xy" and _settled("xya", ["bc"]) == "xya"
+    assert _settled("", ["a"]) == ""
+
+
+# ------------------------------------------------------------------ the batcher
+class FakeEngine:
+    """Echoes each request's prompt; records the batches; can be held or made to fail."""
+
+    def __init__(self):
+        self.batches, self.hold, self.fail = [], threading.Event(), None
+        self.hold.set()
+
+    def generate(self, requests, on_step=None):
+        self.hold.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        self.batches.append([r.prompt_ids for r in requests])
+        if on_step is not None:
+            on_step(list(range(len(requests))), [7] * len(requests),
+                    [-0.5] * len(requests), None)
+        return [("out", r.prompt_ids) for r in requests]
+
+
+class FakeAdapters:
+    def __init__(self):
+        self.used = []
+
+    @contextmanager
+    def use(self, name):
+        self.used.append(name)
+        yield
+
+
+def job(model, *prompts, stream=False):
+    from gaca_agent.generate.engines import Request
+    from gaca_agent.serving.batcher import Job
+
+    return Job(model, [Request((p,), 4) for p in prompts], stream)
+
+
+def result(j, timeout=10):
+    kind, *rest = j.events.get(timeout=timeout)
+    while kind == "token":
+        kind, *rest = j.events.get(timeout=timeout)
+    return kind, rest[0]
+
+
+def test_the_batcher_groups_by_model_bounds_rows_and_keeps_order():
+    from gaca_agent.serving.batcher import Batcher, completion_usage
+
+    engine, adapters = FakeEngine(), FakeAdapters()
+    b = Batcher(engine, adapters, max_queue=8, max_rows=3)
+    try:
+        engine.hold.clear()
+        first = job("base", 1)
+        b.submit(first)
+        time.sleep(0.2)  # the thread holds the first job in the engine
+        jobs = [job("base", 2, 3), job("lora", 4), job("base", 5), job("base", 6, 7, 8)]
+        for j in jobs:
+            b.submit(j)
+        engine.hold.set()
+        assert result(first) == ("done", [("out", (1,))])
+        assert result(jobs[0]) == ("done", [("out", (2,)), ("out", (3,))])
+        assert result(jobs[1]) == ("done", [("out", (4,))])
+        assert result(jobs[3])[1] == [("out", (6,)), ("out", (7,)), ("out", (8,))]
+        # 3 rows at most: [2, 3] with [4] (another model: its own call), then [5], then
+        # [6, 7, 8], carried over whole
+        assert engine.batches == [[(1,)], [(2,), (3,)], [(4,)], [(5,)], [(6,), (7,), (8,)]]
+        assert adapters.used == ["base", "base", "lora", "base", "base"]
+        assert (b.submitted, b.batches) == (5, 5)
+        assert completion_usage([type("C", (), {"prompt_ids": [1, 2], "completion_ids": [3]}),
+                                 type("C", (), {"prompt_ids": [1, 2],
+                                                "completion_ids": [4, 5]})]) == (2, 3)
+    finally:
+        b.close()
+
+
+def test_the_batcher_refuses_a_full_queue_skips_cancelled_jobs_and_reports_errors():
+    from gaca_agent.serving.batcher import Batcher
+
+    engine, adapters = FakeEngine(), FakeAdapters()
+    b = Batcher(engine, adapters, max_queue=1, max_rows=8)
+    try:
+        engine.hold.clear()
+        running = job("base", 1)
+        b.submit(running)
+        time.sleep(0.2)
+        waiting = job("base", 2, stream=True)
+        b.submit(waiting)
+        with pytest.raises(APIError) as err:
+            b.submit(job("base", 3))
+        assert (err.value.status, err.value.code) == (429, "queue_full")
+        engine.hold.set()
+        assert waiting.events.get(timeout=10) == ("token", 0, 7, -0.5, None)  # streamed
+        assert result(waiting) == ("done", [("out", (2,))])
+        cancelled = job("base", 4)
+        cancelled.cancelled = True
+        engine.hold.clear()
+        b.submit(job("base", 9))
+        time.sleep(0.2)
+        b.submit(cancelled)
+        engine.hold.set()
+        time.sleep(0.3)
+        assert [(4,)] not in engine.batches and cancelled.events.empty()
+        engine.fail = ValueError("engine broke")
+        broken = job("base", 5)
+        b.submit(broken)
+        kind, error = result(broken)
+        assert kind == "error" and str(error) == "engine broke"
+        engine.fail = None
+        again = job("base", 6)
+        b.submit(again)
+        assert result(again)[0] == "done"  # the thread survived the error
+    finally:
+        b.close()
+    deadline = time.time() + 5
+    while b._thread.is_alive() and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(APIError) as err:
+        b.submit(job("base", 1))
+    assert err.value.status == 503 and "stopped" in err.value.message
