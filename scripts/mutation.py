@@ -38,18 +38,19 @@ ROOT = Path(__file__).resolve().parents[1]
 AREAS: dict[str, tuple[list[str], list[str]]] = {
     "generate": (["gaca_agent/generate/*.py"],
                  ["tests/test_generate.py", "tests/test_server_engine.py",
-                  "tests/test_upstream_servers.py", "tests/test_policies.py"]),
+                  "tests/test_upstream_servers.py", "tests/test_policies.py",
+                  "tests/test_paper_setting.py"]),
     "collect": (["gaca_agent/collect/*.py"],
                 ["tests/test_collect.py", "tests/test_env_service.py",
-                 "tests/test_collector_eval.py", "tests/test_env_server.py"]),
+                 "tests/test_collector_eval.py"]),
     "steps": (["gaca_agent/steps.py"],
               ["tests/test_steps.py", "tests/test_collect.py", "tests/test_learner.py"]),
     "training": (["gaca_agent/training/*.py"],
                  ["tests/test_training_parts.py", "tests/test_train.py",
                   "tests/test_server_engine.py"]),
     "serving": (["gaca_agent/serving/*.py"],
-                ["tests/test_serve.py", "tests/test_fuzz_http.py",
-                 "tests/test_server_engine.py"]),
+                ["tests/test_serving_parts.py", "tests/test_serve.py",
+                 "tests/test_fuzz_http.py", "tests/test_server_engine.py"]),
     "remote": (["gaca_envs/remote/*.py"],
                ["tests/test_env_service.py", "tests/test_env_server.py"]),
     "envs": (["gaca_envs/alfworld/canonical.py", "gaca_envs/webshop/reward.py"],
@@ -81,8 +82,8 @@ def mutmut_section(area: str) -> str:
         f"also_copy = {json.dumps(top + ['README.md', 'CONTRIBUTING.md', 'mkdocs.yml'])}",
         'pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider", "-p", "no:xdist"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
-        # a hung mutant is stopped after 4x its tests' own time (+10 s), not mutmut's 15x
-        "timeout_multiplier = 4.0", "timeout_constant = 10.0",
+        # a hung mutant is stopped after 3x its tests' own time (+5 s), not mutmut's 15x
+        "timeout_multiplier = 3.0", "timeout_constant = 5.0",
         'process_isolation = "forkserver"', "use_git_change_detection = false", ""])
 
 
@@ -102,17 +103,19 @@ def pytest_collection_modifyitems(config, items):  # added by scripts/mutation.p
 """
 
 
-def prepare(area: str, work: Path) -> None:
-    """A fresh copy of the tree under ``work`` with the area's mutmut section (and the
-    fastest-first ordering in its tests' conftest)."""
-    if work.exists():
+def prepare(area: str, work: Path, fresh: bool = True) -> None:
+    """A copy of the tree under ``work`` with the area's mutmut section (and the
+    fastest-first ordering in its tests' conftest); ``fresh=False`` keeps the last run's
+    results (mutmut re-mutates the functions that changed and times the new tests)."""
+    if fresh and work.exists():
         shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     for f in tree_files():
         (work / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, work / f)
+        if not (work / f).exists() or (work / f).read_bytes() != (ROOT / f).read_bytes():
+            shutil.copy2(ROOT / f, work / f)
     for venv in (".venv-upstream", ".venv-verifiers"):  # the tests' side environments
-        if (ROOT / venv).exists():
+        if (ROOT / venv).exists() and not (work / venv).exists():
             (work / venv).symlink_to(ROOT / venv)
     with open(work / "pyproject.toml", "a") as f:
         f.write(mutmut_section(area))
@@ -120,14 +123,14 @@ def prepare(area: str, work: Path) -> None:
         f.write(FASTEST_FIRST)
 
 
-def run_mutmut(work: Path, children: int, log: Path) -> int:
+def run_mutmut(work: Path, children: int, log: Path, names: list[str] = ()) -> int:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
     if "GACA_DATA" not in env and (ROOT.parent / "shared" / "data").is_dir():
         env["GACA_DATA"] = str(ROOT.parent / "shared" / "data")
     mutmut = Path(sys.executable).with_name("mutmut")
     with open(log, "w") as out:
-        return subprocess.run([str(mutmut), "run", "--max-children", str(children)], cwd=work,
-                              env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        return subprocess.run([str(mutmut), "run", "--max-children", str(children), *names],
+                              cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 # ------------------------------------------------------------------ reading the results
@@ -278,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report-only", action="store_true",
                         help="re-read the last run's results (after editing the equivalents)")
+    parser.add_argument("--again", action="store_true",
+                        help="keep the last run: test again only its mutants not caught "
+                             "(and those of changed functions), with the current tests")
     args = parser.parse_args(argv)
     unknown = [a for a in args.areas if a not in AREAS]
     if unknown:
@@ -287,11 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     for area in args.areas or list(AREAS):
         work = root / area
         if not args.report_only:
-            prepare(area, work)
+            again = args.again and (work / "mutants").exists()
+            prepare(area, work, fresh=not again)
             t0 = time.time()
-            code = run_mutmut(work, args.children, root / f"{area}.log")
+            log = root / f"{area}.log"
+            code = run_mutmut(work, args.children, log)  # new and changed functions
+            if again:  # then the mutants left last time, with the tests as they are now
+                left = [r["name"] for r in summary(area, classify(area, work))["left"]]
+                if left:
+                    code = run_mutmut(work, args.children, root / f"{area}.again.log", left)
             print(f"{area}: mutmut exited {code} after {time.time() - t0:.0f} s "
-                  f"(log: {root / f'{area}.log'})", flush=True)
+                  f"(log: {log})", flush=True)
         s = summary(area, classify(area, work))
         print(f"{area}: {s['caught']}/{s['meaningful']} meaningful mutants caught "
               f"({100 * s['score']:.1f}%); {s['message_text']} message text, "

@@ -216,3 +216,58 @@ def test_rows_carry_the_turn_keys_spans_and_token_source():
     assert len(turn.history) == 2 and turn.expert_action is not None
     assert [(e.group, e.traj) for e in rollout.episodes] == [(0, 0), (0, 1), (1, 2), (1, 3)]
     assert np.all(np.diff([e.rows.start for e in rollout.episodes]) > 0)
+
+
+def test_a_worker_ignores_ctrl_c_and_serves_its_pipe():
+    import signal
+
+    from gaca_agent.collect.workers import _worker_main
+
+    parent, child = mp.Pipe()
+    parent.send(("reset", [(0, (1, {"task_id": 4}))]))
+    parent.send(("close", []))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        _worker_main(child, CORRIDOR, {"split": "test"})  # returns at "close"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    [(i, (obs, info))] = parent.recv()
+    assert i == 0 and info["task_id"] == 4 and obs
+
+
+class Streaming:
+    """A policy that answers turn by turn (the server engine's shape): each answer comes
+    back after a delay that depends on the episode, so episodes finish out of order."""
+
+    needs_expert = False
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, turn):
+        from concurrent.futures import Future
+
+        self.submitted.append(turn)
+        future = Future()
+        delay = 0.002 * (turn.key % 7)
+        action = "walk forward" if "passage" in turn.observation else \
+            turn.admissible_actions[0]
+        threading.Timer(delay, future.set_result,
+                        [ActionOutput(format_response(action), action)]).start()
+        return future
+
+
+def test_a_streaming_policy_plays_every_episode_with_its_own_keys():
+    policy = Streaming()
+    rollout = play(policy, [(k, 30 + k) for k in range(5)], group_size=2)
+    assert len(rollout.episodes) == 10 and not any(e.failed for e in rollout.episodes)
+    t = rollout.table
+    for ep in rollout.episodes:
+        rows = list(ep.rows)
+        assert t["t"][rows].tolist() == list(range(ep.length))
+        assert t["terminal"][rows[-1]] or t["truncated"][rows[-1]]
+    assert len(policy.submitted) == len(t)  # one turn per step, none sent twice
+    keys = {(tn.key, tn.step) for tn in policy.submitted}
+    assert len(keys) == len(t)
+    assert (row_key(30, 1, 0), 0) in keys and (row_key(34, 0, 0), 0) in keys
