@@ -46,9 +46,12 @@ def test_env_host_answers_each_env_for_itself():
         assert stepped[0][4]["action_valid"] is False  # an inadmissible action: a no-op
         assert dict(host.handle("pid", [(0, None)]))[0] == os.getpid()
         unknown = dict(host.handle("dance", [(0, None), (3, None)]))
-        assert all(isinstance(a, WorkerFailure) and "unknown env command 'dance'" in a.message
+        assert all(isinstance(a, WorkerFailure) and
+                   a.message.startswith("ValueError: unknown env command 'dance'")
                    for a in unknown.values())
-        assert sorted(host.envs) == [0, 1, 3]
+        drawn = dict(host.handle("reset", [(7, (11, None))]))[7]  # the seed draws the task
+        assert drawn[1]["task_id"] == fresh.reset(seed=11)[1]["task_id"]
+        assert sorted(host.envs) == [0, 1, 3, 7]
     finally:
         host.close()
     assert host.envs == {}
@@ -112,10 +115,17 @@ def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():
         assert out[1][1] == 1.0 and out[1][2] is True
         assert pool.restarts == 1 and pool.recycles == 0
         assert pool.pids()[0] != before[0] and pool.pids()[1] == before[1]
+        with pytest.raises(ProcessLookupError):
+            os.kill(before[0], 0)  # the stalled process was killed and reaped
         raised = pool.call("step", [(1, "explode")])[1]
         assert isinstance(raised, WorkerFailure) and "exploded" in raised.message
+        assert raised.message.startswith("RuntimeError: the probe env exploded")
         assert pool.restarts == 1  # an env's error is not a dead worker
         assert pool.call("reset", [(0, (0, None))])[0][0] == "ready"
+        assert pool.call("expert", [(0, None)])[0] is None  # no expert: None, not an error
+        pool.call("reset", [(1, (0, None))])
+        pool.call("step", [(0, "stall"), (1, "stall")])
+        assert pool.restarts == 3  # each failure counted
 
 
 class Scripted:

@@ -304,7 +304,8 @@ def test_the_pool_checks_its_servers_and_brings_a_lost_one_back():
         resets = pool.call("reset", [(s, (s, {"task_id": s})) for s in range(4)])
         assert [resets[s][1]["task_id"] for s in range(4)] == [0, 1, 2, 3]
         assert a.get("/sessions")[1]["active"] == 2 and b.get("/sessions")[1]["active"] == 2
-        assert isinstance(pool.call("dance", [(0, None)])[0], WorkerFailure)
+        dance = pool.call("dance", [(0, None)])[0]
+        assert dance.message == "ValueError: unknown env command 'dance'"
         b.stop()
         out = pool.call("step", [(0, "rest"), (1, "rest")])
         assert isinstance(out[1], WorkerFailure) and b.url in out[1].message
@@ -318,14 +319,40 @@ def test_the_pool_checks_its_servers_and_brings_a_lost_one_back():
         assert pool.call("reset", [(1, (0, {"task_id": 7}))])[1][1]["task_id"] == 7
         b2.stop()
         pool.call("step", [(1, "rest")])
-        assert pool._failures == {1: 1}
+        assert pool._failures == {1: 1} and pool.restarts == 2
         pool._retry_at[1] = time.monotonic()
         assert pool.recycle_idle(set()) == 0  # still down: retried later
         assert pool._failures == {1: 2}
         assert pool._retry_at[1] - time.monotonic() > remote_pool.BACKOFF_S[0]
+        for _ in range(10):  # the back-off doubles up to a minute, and stays there
+            pool._schedule_retry(1)
+        assert pool._retry_at[1] - time.monotonic() == pytest.approx(60.0, abs=1.0)
     finally:
         pool.close()
         a.stop()
+
+
+def test_the_pool_sends_its_token_and_counts_every_server_back():
+    from gaca_agent.collect.remote_pool import RemotePool
+
+    servers = [InProcess(token="t0k") for _ in range(2)]
+    try:
+        with pytest.raises(RuntimeError, match="cannot be reached"):
+            RemotePool([servers[0].url], CORRIDOR)  # no token: 401 at the check
+        pool = RemotePool([s.url for s in servers], CORRIDOR, {"split": "test"}, num_envs=2,
+                          token="t0k")
+        try:
+            assert (pool.num_envs, pool.expert, pool.timeout_s) == (2, False, 600.0)
+            out = pool.call("reset", [(0, (0, {"task_id": 1})), (1, (0, {"task_id": 2}))])
+            assert out[0][1]["task_id"] == 1 and out[1][1]["task_id"] == 2
+            pool._down_since = {0: time.monotonic(), 1: time.monotonic()}
+            pool._retry_at = {0: 0.0, 1: 0.0}
+            assert pool.recycle_idle({0, 1}) == 2  # both healthy again, counted
+        finally:
+            pool.close()
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def test_the_pool_stops_when_every_server_stays_down(monkeypatch):
@@ -342,6 +369,8 @@ def test_the_pool_stops_when_every_server_stays_down(monkeypatch):
         assert pool.draining(0)
         t0 = time.monotonic()
         assert pool.recycle_idle({0}) == 0 and time.monotonic() - t0 < 0.05  # busy: no wait
+        assert pool.recycle_idle(set()) == 0  # down, not yet for timeout_s: wait and retry
+        assert time.monotonic() - t0 < 0.5  # the wait ends at the next retry (0.05 s)
         with pytest.raises(RuntimeError, match="every env server has been down for over"):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
