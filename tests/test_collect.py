@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gaca_agent.collect.collector import Collector
+from gaca_agent.collect.pools import LocalPool, make_pool
 from gaca_agent.collect.workers import EnvHost, EnvPool, WorkerFailure, serve_pipe
 from gaca_agent.config import EnvSection
 from gaca_agent.generate.prompts import format_response
@@ -150,8 +151,9 @@ class Scripted:
 
 
 def play(policy, tasks, group_size=1, **env):
+    """The episodes of ``tasks``, envs in this process (``workers: 0``) unless asked."""
     section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
-                         **{"invalid_penalty": -0.1, **env})
+                         **{"invalid_penalty": -0.1, "workers": 0, **env})
     collector = Collector(section)
     try:
         return collector.run(policy, tasks, group_size)
@@ -281,3 +283,41 @@ def test_a_streaming_policy_plays_every_episode_with_its_own_keys():
     keys = {(tn.key, tn.step) for tn in policy.submitted}
     assert len(keys) == len(t)
     assert (row_key(30, 1, 0), 0) in keys and (row_key(34, 0, 0), 0) in keys
+
+
+def test_the_env_section_chooses_the_backend_and_every_backend_plays_alike():
+    with pytest.raises(ValueError, match="env.workers must be >= 0"):
+        EnvSection(id=CORRIDOR, workers=-1)
+    local = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=0,
+                                 max_live_envs=3))
+    procs = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=2,
+                                 max_live_envs=3, recycle_after=5, timeout_s=9))
+    try:
+        assert isinstance(local, LocalPool) and isinstance(procs, EnvPool)
+        assert (local.num_envs, local.num_workers, local.pids()) == (3, 1, [os.getpid()])
+        assert (procs.num_envs, procs.num_workers, procs.recycle_after, procs.timeout_s) == \
+            (3, 2, 5, 9)
+        assert not local.draining(2) and local.recycle_idle(set()) == 0
+        assert [local.worker_of(s) for s in range(3)] == [0, 0, 0]
+        assert (local.restarts, local.recycles, local.expert) == (0, 0, False)
+        starts = [(s, (s, {"task_id": s + 4})) for s in range(3)]
+        assert local.call("reset", starts) == procs.call("reset", starts)
+        moves = [(s, "walk forward") for s in range(3)]
+        assert local.call("step", moves) == procs.call("step", moves)
+    finally:
+        local.close()
+        procs.close()
+    assert local.host.envs == {}
+    with pytest.raises(ValueError, match="num_envs"):
+        LocalPool(CORRIDOR, num_envs=0)
+    with pytest.raises(RuntimeError, match="cannot be reached"):  # servers: a RemotePool
+        make_pool(EnvSection(id=CORRIDOR, servers=("http://127.0.0.1:9",)))
+
+
+def test_rollouts_are_the_same_in_this_process_and_in_workers():
+    tasks = [(k, 50 + k) for k in range(4)]
+    a = play(make_policy("random", seed=2), tasks, group_size=2)
+    b = play(make_policy("random", seed=2), tasks, group_size=2, workers=2)
+    for col in ("state_key", "action_text", "reward", "terminal", "next_state_key"):
+        assert list(a.table[col]) == list(b.table[col]), col
+    assert [e.length for e in a.episodes] == [e.length for e in b.episodes]

@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--group-size", type=int, default=1,
                         help="play each planned episode this many times from the same seed "
                              "(task groups, as in training; for gaca-audit)")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="env worker processes (0: the envs run in this process)")
     parser.add_argument("--env-servers", nargs="+", default=None, metavar="URL",
                         help="play on these gaca-env-serve servers of --env instead of local "
                              "worker processes (token: $GACA_ENV_TOKEN)")

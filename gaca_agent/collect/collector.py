@@ -2,7 +2,8 @@
 
 ``Collector.run(policy, tasks, group_size)`` plays ``group_size`` episodes of every
 ``(task_id, seed)`` in ``tasks`` (a task group: same task, same seed, same start), with
-the environments in worker processes (:mod:`workers`). Each round it asks the policy for
+the environments in worker processes, in this process or on env servers
+(:mod:`~gaca_agent.collect.pools`). Each round it asks the policy for
 the turns of *all* live environments at once (one batched generation), steps them in
 parallel, and refills finished slots from the queue. A policy with ``submit(turn)`` (the
 ``server`` engine's) is not played in rounds: every live episode has its turn in flight,
@@ -28,7 +29,8 @@ from gaca_agent.config.sections import EnvSection
 from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
 from gaca_agent.generate.sampling import row_key
 from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, code
-from gaca_agent.collect.workers import EnvPool, WorkerFailure
+from gaca_agent.collect.pools import EnvSlots, make_pool
+from gaca_agent.collect.workers import WorkerFailure
 from gaca_agent.types import ActionOutput, Turn
 from gaca_envs.core import observation_key
 
@@ -48,20 +50,13 @@ class Collector:
         self.token = token if token is not None else os.environ.get("GACA_ENV_TOKEN")
         self.prompts = PromptBuilder(env.history_length, env.template_file)
         self.family = family_of(env.id)
-        self._pool: EnvPool | None = None
+        self._pool: EnvSlots | None = None
 
     @property
-    def pool(self) -> EnvPool:
+    def pool(self) -> EnvSlots:
+        """The env slots (:func:`~gaca_agent.collect.pools.make_pool`), made on first use."""
         if self._pool is None:
-            c = self.config
-            if c.servers:
-                from gaca_agent.collect.remote_pool import RemotePool
-
-                self._pool = RemotePool(list(c.servers), c.id, c.kwargs, c.max_live_envs,
-                                        c.timeout_s, self.token)
-            else:
-                self._pool = EnvPool(c.id, c.kwargs, c.max_live_envs, c.workers,
-                                     c.recycle_after, c.timeout_s)
+            self._pool = make_pool(self.config, self.token)
         return self._pool
 
     def close(self) -> None:
@@ -81,8 +76,7 @@ class Collector:
         play = _Play([Episode(group=g, traj=g * group_size + i, task_id=int(task), seed=seed)
                       for g, (task, seed) in enumerate(tasks) for i in range(group_size)],
                      self.pool.num_envs, on_episode)
-        if hasattr(self.pool, "expert"):  # env servers send expert actions only when asked
-            self.pool.expert = bool(getattr(policy, "needs_expert", False))
+        self.pool.expert = bool(getattr(policy, "needs_expert", False))
         # a policy that answers turns one by one (the server engine) is not played in
         # rounds: an episode's next turn is sent as soon as its step returns
         streaming = hasattr(policy, "submit") and not getattr(policy, "needs_expert", False)

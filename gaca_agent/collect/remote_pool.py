@@ -1,7 +1,7 @@
 """Env slots on env servers (``gaca-env-serve``) instead of local worker processes.
 
-:class:`RemotePool` has :class:`~gaca_agent.collect.workers.EnvPool`'s interface, so the
-collector plays the same way on either. Slot j is a ``gaca/Remote-v0`` session on server
+:class:`RemotePool` is one of the collector's env-slot backends
+(:class:`~gaca_agent.collect.pools.EnvSlots`), so the collector plays the same way on any. Slot j is a ``gaca/Remote-v0`` session on server
 ``j % len(servers)``; each command goes to every slot concurrently (one thread per slot
 with work) and the slots' sessions step in parallel on their servers.
 

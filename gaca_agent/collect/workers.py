@@ -125,6 +125,7 @@ class EnvPool:
         self._resets = [0] * self.num_workers
         self.restarts = 0
         self.recycles = 0
+        self.expert = False  # local envs answer expert calls whenever asked
         for w in range(self.num_workers):
             self._start(w)
 

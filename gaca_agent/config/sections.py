@@ -30,6 +30,7 @@ class EnvSection:
     group_size: int = 8
     """Rollouts per task group, all from the same start (GiGPO: 8)."""
     workers: int = 1
+    """Env worker processes (0: the envs run in the trainer's own process)."""
     max_live_envs: int = 64
     history_length: int = 2
     template_file: str | None = None
@@ -66,9 +67,11 @@ class EnvSection:
         bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"env.servers must be http(s):// URLs, got {bad}")
-        if self.groups < 1 or self.group_size < 1 or self.workers < 1 or self.max_live_envs < 1:
-            raise ValueError("env.groups, env.group_size, env.workers and env.max_live_envs "
-                             "must be >= 1")
+        if self.groups < 1 or self.group_size < 1 or self.max_live_envs < 1:
+            raise ValueError("env.groups, env.group_size and env.max_live_envs must be >= 1")
+        if self.workers < 0:
+            raise ValueError(f"env.workers must be >= 0 (0: envs in this process), got "
+                             f"{self.workers}")
         if self.reward_scale <= 0:
             raise ValueError(f"env.reward_scale must be > 0, got {self.reward_scale}")
         if self.timeout_s <= 0 or (self.recycle_after is not None and self.recycle_after < 1):
