@@ -14,7 +14,8 @@ normalised action), equal in every process, so rows from several ranks group cor
 without a shared dictionary. ``obs_state``/``obs_next_state`` code the observation texts
 before and after the step: GiGPO's anchor (``scalars(anchor="observation")``).
 ``advantage`` and ``weight`` are NaN until the training loop attaches them
-(:meth:`Rollout.attach`), on the rows it trained on.
+(:meth:`Rollout.attach`), on the rows it trained on. ``policy_version`` is the weight
+version that sampled the step (-1: unknown, e.g. a scripted policy).
 
 :meth:`StepTable.record` is the on-disk form of a row (``episodes.jsonl``), kept stable
 for saved runs: there ``action`` is the action text and ``terminated`` the terminal flag.
@@ -37,11 +38,11 @@ SCALARS: dict[str, Any] = {
     "nll_think": np.float64, "entropy": np.float64,
     "state": np.int64, "next_state": np.int64, "action": np.int64, "penalty": np.float64,
     "obs_state": np.int64, "obs_next_state": np.int64,
-    "advantage": np.float64, "weight": np.float64,
+    "advantage": np.float64, "weight": np.float64, "policy_version": np.int64,
 }
 #: Scalar columns a step may leave out when appended (filled in later or unknown).
 DEFAULTS: dict[str, Any] = {"episode": 0, "failed": False, "advantage": np.nan,
-                            "weight": np.nan}
+                            "weight": np.nan, "policy_version": -1}
 #: Text columns (Python lists).
 TEXTS = ("observation", "response", "action_text", "state_key", "next_state_key",
          "admissible_actions", "info")
@@ -192,6 +193,8 @@ class StepTable:
                 "nll_spans": {s: float(c[f"nll_{s}"][i]) for s in ("response", "action", "think")},
                 "entropy": None if np.isnan(c["entropy"][i]) else float(c["entropy"][i]),
                 **{k: float(c[k][i]) for k in ("advantage", "weight") if not np.isnan(c[k][i])},
+                **({"policy_version": int(c["policy_version"][i])}
+                   if c["policy_version"][i] >= 0 else {}),
                 "info": dict(x["info"][i]), **extra}
 
 

@@ -27,6 +27,9 @@ class Turn:
     expert_action: str | None = None
     family: str = "generic"
     key: int | None = None
+    version: int | None = None
+    """The synced weight version the episode is pinned to (asynchronous training with an
+    inference server; None: the newest)."""
 
 
 @dataclass

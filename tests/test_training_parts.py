@@ -176,17 +176,19 @@ class FakeServer:
         self.adapter = self.weight_version = None
         self.calls, self.probes = [], []
 
-    def load_adapter(self, name, path):
+    def load_adapter(self, name, path, version=None):
         if self.fail:
             raise RuntimeError(self.fail)
-        self.calls.append(("adapter", name, path))
+        self.calls.append(("adapter", name, path, version))
         self.adapter = name
+        if self.kind == "sglang":
+            self.weight_version = name
 
-    def update_weights_from_disk(self, path, version):
+    def update_weights_from_disk(self, path, label, version=None):
         if self.fail:
             raise RuntimeError(self.fail)
-        self.calls.append(("disk", version, path))
-        self.weight_version = version
+        self.calls.append(("disk", label, path, version))
+        self.weight_version = label
 
     def complete(self, messages, tokens, temperature, key=None):
         from gaca_agent.generate.engines import Completion
@@ -215,8 +217,9 @@ def test_lora_sync_loads_each_version_under_its_own_name_and_keeps_two(tmp_path)
     for version in (1, 2, 3):
         metrics = sync(version)
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v2", "v3"]
-    names = [name for _, name, _ in engine.calls]
+    names = [name for _, name, _, _ in engine.calls]
     assert names == [f"{sync.prefix}-v{v}" for v in (1, 2, 3)] and sync.prefix.startswith("run-")
+    assert [v for *_, v in engine.calls] == [1, 2, 3]
     assert engine.calls[-1][2] == str((tmp_path / "adapters" / "v3").resolve())
     assert engine.adapter == names[-1] and engine.weight_version is None  # vLLM: the name
     assert learner.saved == [("adapter", f"v{v}") for v in (1, 2, 3)]
@@ -234,7 +237,7 @@ def test_full_weight_sync_labels_the_weights_it_loaded(tmp_path):
     sync(1)
     assert learner.saved == [("bfloat16", "v0"), ("bfloat16", "v1")]
     assert engine.calls[-1] == ("disk", f"{sync.prefix}-v1",
-                                str((tmp_path / "weights" / "v1").resolve()))
+                                str((tmp_path / "weights" / "v1").resolve()), 1)
     assert engine.weight_version == f"{sync.prefix}-v1"
     assert engine.probes == [1.0, 1.0] * 2  # greedy held-out decoding is not probed
     same, _, engine2 = weight_sync(tmp_path / "same", lora=False, temperatures=(0.7, 0.7),

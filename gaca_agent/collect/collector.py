@@ -66,16 +66,19 @@ class Collector:
 
     def run(self, policy, tasks: Sequence[tuple[int, int | None]], group_size: int = 1,
             on_episode: Callable[[Episode, list[dict[str, Any]]], None] | None = None,
-            on_step: Callable[[int], None] | None = None) -> Rollout:
+            on_step: Callable[[int], None] | None = None,
+            version: int | None = None) -> Rollout:
         """Play ``group_size`` episodes of each (task_id, seed); episodes in queue order.
 
         ``on_episode(episode, rows)`` is called the moment an episode ends (its step rows
         as dicts, see :meth:`StepTable.record`); ``on_step(n)`` after each round with the
-        number of env steps taken in it.
+        number of env steps taken in it. ``version``: the weight version every turn is
+        pinned to (each step's ``policy_version``, unless the policy reports its own).
         """
         play = _Play([Episode(group=g, traj=g * group_size + i, task_id=int(task), seed=seed)
                       for g, (task, seed) in enumerate(tasks) for i in range(group_size)],
                      self.pool.num_envs, on_episode)
+        play.version = version
         self.pool.expert = bool(getattr(policy, "needs_expert", False))
         # a policy that answers turns one by one (the server engine) is not played in
         # rounds: an episode's next turn is sent as soon as its step returns
@@ -122,7 +125,8 @@ class Collector:
             obs, info = answer
             ep = play.queue[e]
             ep.task, ep.task_type = info.get("task", ""), info.get("task_type")
-            play.state[slot] = {"obs": obs, "info": info, "history": []}
+            play.state[slot] = {"obs": obs, "info": info, "history": [],
+                                "version": play.version}
 
     def _answered(self, play: "_Play", policy, group_size: int, inflight: dict[int, Future]):
         """Every live episode has its turn in flight; the slots answered so far."""
@@ -154,7 +158,7 @@ class Collector:
                row_key(ep.seed, ep.traj % group_size, step))
         return Turn(self.config.id, info.get("task", ""), st["obs"],
                     tuple(info.get("admissible_actions", ())), tuple(st["history"]),
-                    step, expert_action, self.family, key)
+                    step, expert_action, self.family, key, st.get("version"))
 
     def _record(self, ep: Episode, steps: TableBuilder, st: dict[str, Any],
                 out: ActionOutput, result) -> None:
@@ -190,6 +194,7 @@ class Collector:
             nll_action=float(nll.get("action", 0.0)),
             nll_think=float(nll.get("think", 0.0)),
             entropy=float(np.mean(out.entropies)) if out.entropies else float("nan"),
+            policy_version=_version_of(out, st.get("version")),
             prompt_ids=out.prompt_ids, completion_ids=out.completion_ids,
             logprobs=out.logprobs,
             info={**{k: info[k] for k in ("score", "error") if k in info},
@@ -206,6 +211,15 @@ class Collector:
             st["done"] = True
 
 
+def _version_of(out: ActionOutput, pinned: int | None) -> int:
+    """The weight version that sampled a step: the policy's word, else the pinned one,
+    else -1 (unknown)."""
+    reported = out.extra.get("policy_version")
+    if reported is not None:
+        return int(reported)
+    return -1 if pinned is None else int(pinned)
+
+
 class _Play:
     """The episodes of one :meth:`Collector.run`: queued, live (slot -> episode), each
     live slot's observation and history, and every episode's steps."""
@@ -219,6 +233,7 @@ class _Play:
         self.live: dict[int, int] = {}
         self.state: dict[int, dict[str, Any]] = {}
         self.free = list(range(min(num_envs, len(queue))))
+        self.version: int | None = None  # the weight version every turn is pinned to
 
     def finish(self, slot: int, e: int) -> None:
         """Episode ``e`` has ended: its table is made and its slot freed."""

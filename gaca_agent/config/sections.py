@@ -182,6 +182,16 @@ class TrainConfig:
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
     out_dir: str = "runs"
+    max_staleness: int = 0
+    """Asynchronous training (docs/training.md, "Asynchronous training"): the rollouts of
+    iteration j are sampled by the weights of update j - K while the learner trains on
+    earlier ones; 0 is the lock-step loop. K >= 1 needs ``model.engine: server`` and
+    ``learner.old_logprobs: recompute`` (add ``learner.tis_cap`` for the decoupled
+    objective's importance weights)."""
+    partial_rollouts: bool = False
+    """With ``max_staleness`` >= 1: each turn uses the newest synced weights, so an episode
+    may span versions (each step records its own); off, every episode of iteration j plays
+    on version j - K from start to end (reproducible, and resumed exactly)."""
     keep_rollouts: bool | Literal["tokens"] = True
     """Write every iteration's episodes to ``rollouts/`` (for ``gaca-rescore`` and
     ``gaca-export``); ``tokens`` adds each step's token ids and sampled log-probs; turn
@@ -210,11 +220,31 @@ class TrainConfig:
             raise ValueError("need eval_every >= 0, checkpoint_every >= 0, keep_checkpoints >= 1")
         if self.model.engine == "server":
             check_server_setting(self)
+        check_staleness(self)
 
 
 #: The sections of :class:`TrainConfig` by key.
 SECTIONS = {"env": EnvSection, "model": ModelSection, "algo": AlgoSection,
             "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection}
+
+
+def check_staleness(cfg: "TrainConfig") -> None:
+    """What ``max_staleness`` >= 1 needs, each refusal in one line."""
+    k = cfg.max_staleness
+    if k < 0:
+        raise ValueError(f"max_staleness must be >= 0 (0: lock-step), got {k}")
+    if k == 0:
+        if cfg.partial_rollouts:
+            raise ValueError("partial_rollouts needs max_staleness >= 1 (asynchronous "
+                             "training)")
+        return
+    if cfg.model.engine != "server":
+        raise ValueError(f"max_staleness: {k} needs model.engine: server (rollouts on an "
+                         "inference server while the learner trains), got model.engine: "
+                         f"{cfg.model.engine}")
+    if cfg.learner.old_logprobs != "recompute":
+        raise ValueError(f"max_staleness: {k} needs learner.old_logprobs: recompute (the "
+                         "decoupled objective's proximal policy is the learner's own pass)")
 
 
 def check_server_setting(cfg: "TrainConfig") -> None:

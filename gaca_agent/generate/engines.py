@@ -63,6 +63,8 @@ class Completion:
     inference server), ``retokenized`` (a server that returned none: the text re-encoded)."""
     model: str | None = None
     """The served model (adapter) name that produced it (``server`` engine)."""
+    policy_version: int | None = None
+    """The synced weight version that sampled it, when known (``server`` engine)."""
 
 
 class Engine(Protocol):

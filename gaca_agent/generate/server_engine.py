@@ -57,6 +57,7 @@ from gaca_agent.generate.http import (MissingTokenIds, ServerRefused,  # noqa: F
                                       ServerUnreachable, StaleWeights, WeightSyncError,
                                       post_json)
 from gaca_agent.generate.spans import span_nlls
+from gaca_agent.generate.versions import Expected, VersionWindow
 
 ServerKind = Literal["vllm", "sglang"]
 
@@ -107,6 +108,12 @@ def returned_ids(reply: dict, index: int = 0) -> TokenIds:
                     list(completion) if completion is not None else None)
 
 
+def version_number(label: str, default: int) -> int:
+    """The version a label names (``RUN-vN`` -> N), else ``default``."""
+    head, sep, tail = str(label).rpartition("-v")
+    return int(tail) if sep and tail.isdigit() else default
+
+
 def reported_versions(reply: dict, kind: ServerKind) -> set[str] | None:
     """The weight versions a response says it was sampled with (None: it says nothing):
     vLLM's per-token ``choices[].weight_versions`` spans, SGLang's
@@ -126,7 +133,7 @@ class ServerEngine:
     def __init__(self, base_url: str, model: str, tokenizer: Any, kind: ServerKind = "vllm",
                  api_key: str | None = None, concurrency: int = 64, timeout_s: float = 300.0,
                  retries: int = 3, backoff_s: float = 0.5, admin_api_key: str | None = None,
-                 require_ids: bool = True) -> None:
+                 require_ids: bool = True, keep_versions: int = 1) -> None:
         if kind not in ("vllm", "sglang"):
             raise ValueError(f"server kind must be vllm or sglang, got {kind!r}")
         self.base_url, self.base_model, self.kind = base_url.rstrip("/"), model, kind
@@ -138,18 +145,44 @@ class ServerEngine:
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency),
                                        thread_name_prefix="gaca-server-engine")
         self.adapter: str | None = None
-        self.weight_version: str | None = None
-        """The label the server reports for the synced weights; None before a sync that
-        sets one (every response must then carry it)."""
+        self.window = VersionWindow(keep_versions)
+        """The synced versions the server still serves (``keep_versions``: max_staleness
+        + 1): adapters stay loaded side by side; full weights are one at a time."""
+        self.labelled = False
+        """Whether answers carry weight-version labels to check (after a full-weight sync,
+        and on SGLang); vLLM's LoRA answers are checked by their adapter name."""
         self._lock = threading.Lock()
+
+    @property
+    def weight_version(self) -> str | None:
+        """The label of the newest synced weights the server reports (None: unchecked)."""
+        return self.window.current if self.labelled else None
+
+    @weight_version.setter
+    def weight_version(self, label: str | None) -> None:
+        if label is None:
+            self.labelled = False
+            return
+        self.synced(version_number(label, len(self.window.versions)), label, labelled=True)
+
+    def synced(self, version: int, name: str, labelled: bool | None = None) -> list[str]:
+        """Record version ``version`` as served under ``name`` (an adapter's name or the
+        weights' label); the names that fall out of the window."""
+        with self._lock:
+            if labelled is not None:
+                self.labelled = labelled
+            return self.window.add(version, name)
 
     # ------------------------------------------------------------- the model in use
     @property
     def model(self) -> str:
-        """The ``model`` every request names (and every vLLM response must name)."""
-        if self.adapter is None:
+        """The ``model`` a request names now (and a vLLM response must name)."""
+        return self._served(self.adapter)
+
+    def _served(self, adapter: str | None) -> str:
+        if adapter is None:
             return self.base_model
-        return self.adapter if self.kind == "vllm" else f"{self.base_model}:{self.adapter}"
+        return adapter if self.kind == "vllm" else f"{self.base_model}:{adapter}"
 
     def _root(self) -> str:
         return self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
@@ -174,13 +207,13 @@ class ServerEngine:
     def _set_version(self, version: str) -> None:
         self._admin("update_weight_version", {"new_version": version} if self.kind == "vllm"
                     else {"new_version": version, "abort_all_requests": False})
-        with self._lock:
-            self.weight_version = version
 
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a LoRA adapter under ``name`` and roll out with it from now on; the one
-        used before is unloaded. On SGLang the server's weight version is set to ``name``
-        (its responses echo ``model``; the version is what it reports itself)."""
+    def load_adapter(self, name: str, path: str, version: int | None = None) -> None:
+        """Load a LoRA adapter under ``name`` (weight version ``version``, else read from
+        the name) and roll out with it from now on; the adapters that fall out of the
+        window (the last ``keep_versions``) are unloaded. On SGLang the server's weight
+        version is set to ``name`` (its responses echo ``model``; the version is what it
+        reports itself)."""
         try:
             self._admin("load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
             if self.kind == "sglang":
@@ -192,10 +225,12 @@ class ServerEngine:
                                   "True; SGLang --enable-lora --max-lora-rank R "
                                   "--lora-target-modules ... (and server.admin_api_key_env "
                                   "when it runs with --admin-api-key)") from err
+        number = version_number(name, len(self.window.versions)) if version is None \
+            else version
+        for dropped in self.synced(number, name, labelled=self.kind == "sglang"):
+            self.unload_adapter(dropped)
         with self._lock:
-            previous, self.adapter = self.adapter, name
-        if previous is not None and previous != name:
-            self.unload_adapter(previous)
+            self.adapter = name
 
     def unload_adapter(self, name: str) -> None:
         try:
@@ -203,7 +238,8 @@ class ServerEngine:
         except ServerRefused:
             pass  # already gone: nothing to free
 
-    def update_weights_from_disk(self, path: str, version: str) -> None:
+    def update_weights_from_disk(self, path: str, version: str, number: int | None = None
+                                 ) -> None:
         """Make the server serve the full weights saved in ``path`` (safetensors and
         config, readable by the server), labelled ``version``; rollouts then check that
         label. vLLM (``VLLM_SERVER_DEV_MODE=1``): pause (waiting for requests in flight),
@@ -222,8 +258,8 @@ class ServerEngine:
                 self._admin("update_weights_from_disk",
                             {"model_path": str(path), "weight_version": version,
                              "flush_cache": True})
-                with self._lock:
-                    self.weight_version = version
+            self.synced(version_number(version, len(self.window.versions)) if number is None
+                        else number, version, labelled=True)
         except (ServerRefused, ServerUnreachable) as err:
             hint = ("start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight endpoints) on a "
                     "file system where it can read the run's weights/ folder"
@@ -247,39 +283,67 @@ class ServerEngine:
         return body
 
     def submit(self, messages: list[dict], max_tokens: int, temperature: float,
-               key: int | None = None) -> Future:
-        """A future :class:`Completion` of one chat request."""
-        model = self.model  # fixed at submission: a sync in between cannot mix weights
-        return self.pool.submit(self.complete, messages, max_tokens, temperature, key, model)
+               key: int | None = None, version: int | None = None) -> Future:
+        """A future :class:`Completion` of one chat request; ``version``: the synced
+        weight version the turn's episode is pinned to (None: the newest). The model and
+        the versions the answer may come from are fixed here, at submission."""
+        with self._lock:
+            target = self._target(version)
+        return self.pool.submit(self._complete, messages, max_tokens, temperature, key,
+                                *target)
 
     def complete(self, messages: list[dict], max_tokens: int, temperature: float,
-                 key: int | None = None, model: str | None = None) -> Completion:
-        model = model or self.model
-        expected = self.weight_version
+                 key: int | None = None, version: int | None = None) -> Completion:
+        """One chat request, answered (see :meth:`submit`)."""
+        with self._lock:
+            target = self._target(version)
+        return self._complete(messages, max_tokens, temperature, key, *target)
+
+    def _target(self, version: int | None) -> tuple[str, Expected, int | None]:
+        """(the model to name, what the answer may carry, the version when it is known
+        from the model) of a turn pinned to ``version`` (None: the newest)."""
+        if version is None or not self.window.window:
+            adapter = self.adapter
+        else:
+            adapter = self.window.label_of(version) if self.adapter is not None else None
+        if adapter is not None and not self.labelled:  # vLLM LoRA: the name says it
+            return self._served(adapter), Expected(), self.window.versions.get(adapter)
+        if adapter is not None:  # SGLang LoRA: one global label, the adapter pinned
+            return (self._served(adapter), self.window.expect(None),
+                    self.window.versions.get(adapter))
+        if not self.labelled:
+            return self.base_model, Expected(), None
+        return self.base_model, self.window.expect(version), None
+
+    def _complete(self, messages: list[dict], max_tokens: int, temperature: float,
+                  key: int | None, model: str, expected: Expected,
+                  known: int | None) -> Completion:
         reply = post_json(f"{self.base_url}/chat/completions",
                           self.body(messages, max_tokens, temperature, key, model),
                           self.api_key, self.timeout_s, self.retries, self.backoff_s)
         if not isinstance(reply, dict) or not reply.get("choices"):
             raise RuntimeError(f"{self.base_url} answered without choices: {str(reply)[:300]}")
-        self._check_weights(reply, model, expected)
-        return self._completion(reply, messages)
+        answered = self._check_weights(reply, model, expected)
+        out = self._completion(reply, messages)
+        out.policy_version = known if known is not None else answered
+        return out
 
-    def _check_weights(self, reply: dict, model: str, expected: str | None) -> None:
+    def _check_weights(self, reply: dict, model: str, expected: Expected) -> int | None:
+        """The version that answered (None when nothing says); StaleWeights when the
+        answer is not from what the turn accepts."""
         stop = ("the server is not serving the weights this run synced; stopping rather "
                 "than training on another policy's samples")
         if self.kind == "vllm" and reply.get("model") != model:
             raise StaleWeights(f"asked {self.base_url} for model {model!r}, the answer came "
                                f"from {reply.get('model')!r}: {stop}")
-        if expected is None:
-            return
+        if expected.pinned is None and expected.floor is None:
+            return None
         versions = reported_versions(reply, self.kind)
         if versions is None:
             raise StaleWeights(f"{self.base_url} reported no weight version (this run "
-                               f"synced {expected!r}; vLLM >= 0.32 with return_weight_"
+                               f"synced {self.window.window}; vLLM >= 0.32 with return_weight_"
                                "versions, SGLang's metadata.weight_version)")
-        if versions != {expected}:
-            raise StaleWeights(f"{self.base_url} answered with weight version "
-                               f"{sorted(versions)}, this run synced {expected!r}: {stop}")
+        return self.window.check(versions, expected, self.base_url)
 
     def _completion(self, reply: dict, messages: list[dict]) -> Completion:
         choice = reply["choices"][0]

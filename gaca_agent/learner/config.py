@@ -52,7 +52,14 @@ class LearnerConfig:
     """Truncated importance sampling (with ``old_logprobs: recompute``): each token's policy
     loss is weighted by min(pi_learner_old / pi_rollout, cap), correcting for a rollout
     engine whose probabilities differ from the learner's (an inference server's kernels,
-    quantization). None: no weighting (the ratio is still logged)."""
+    quantization) and for rollouts sampled by older weights (``max_staleness``). None: no
+    weighting (the ratio is still logged). See docs/algorithms.md, "Off-policy correction"."""
+    is_mask: tuple[float, float] | None = None
+    """[low, high]: a token whose pi_learner_old / pi_rollout lies outside gets weight 0
+    (IcePop's token mask); inside, its weight is the ratio (truncated at ``tis_cap``)."""
+    is_geo_mask: tuple[float, float] | None = None
+    """[low, high]: a step whose geometric-mean ratio over its tokens lies outside gets
+    weight 0 on every token (verl's Geo-RS)."""
     lora_r: int = 0
     """LoRA rank (0: full fine-tuning). With LoRA the reference is the adapter-free model."""
     lora_alpha: int = 32
@@ -82,6 +89,15 @@ class LearnerConfig:
         if self.tis_cap is not None and (self.tis_cap <= 0 or self.old_logprobs != "recompute"):
             raise ValueError("tis_cap needs old_logprobs: recompute and a cap > 0 (e.g. 2), "
                              f"got tis_cap={self.tis_cap}, old_logprobs={self.old_logprobs}")
+        for name in ("is_mask", "is_geo_mask"):
+            band = getattr(self, name)
+            if band is None:
+                continue
+            if len(band) != 2 or not 0 <= band[0] < 1 < band[1]:
+                raise ValueError(f"{name} must be [low, high] with 0 <= low < 1 < high (e.g. "
+                                 f"[0.5, 2]), got {list(band)}")
+            if self.old_logprobs != "recompute":
+                raise ValueError(f"{name} needs old_logprobs: recompute")
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
             raise ValueError(f"clip_ratio_c must be > 1 (verl: 3) or None, got {self.clip_ratio_c}")
         if self.lr <= 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:
@@ -89,4 +105,10 @@ class LearnerConfig:
         if self.kl_coef < 0 or self.entropy_coef < 0 or self.lora_r < 0 or self.warmup_steps < 0:
             raise ValueError("kl_coef, entropy_coef, lora_r and warmup_steps must be >= 0")
 
+    @property
+    def correction(self):
+        """The off-policy correction these settings ask for (learner/correction.py)."""
+        from gaca_agent.learner.correction import Correction
 
+        return Correction(self.tis_cap, None if self.is_mask is None else tuple(self.is_mask),
+                          None if self.is_geo_mask is None else tuple(self.is_geo_mask))

@@ -24,8 +24,9 @@ At scale (1.5B-7B) it is correct by construction:
   sharded like the policy under ``fsdp``; under LoRA the adapter-free base.
 - **Old log-probs**: ``rollout`` (the engine's sampled log-probs) or ``recompute`` (a
   teacher-forced pass by the learner before the update, as verl does), optionally with
-  truncated importance sampling on pi_learner_old / pi_rollout (``tis_cap``; the ratio's
-  mean and max are logged every update).
+  the decoupled objective's importance weights on pi_learner_old / pi_rollout,
+  truncated (``tis_cap``) or masked (``is_mask``, ``is_geo_mask``;
+  :mod:`gaca_agent.learner.correction`; the ratio's mean and max are logged every update).
 """
 
 from __future__ import annotations
@@ -215,7 +216,8 @@ class Learner:
         data = with_advantages(table, advantages)
         rows = sampled_rows(data)
         gap = 0.0
-        ratio = {"sum": 0.0, "max": 0.0, "n": 0.0}
+        ratio = {"ratio_sum": 0.0, "ratio_max": 0.0, "ratio_n": 0.0, "truncated": 0.0,
+                 "masked": 0.0}
         if cfg.old_logprobs == "recompute":
             data, gap, ratio = self._recompute_old(data, rows)
         self.model.train()
@@ -224,9 +226,10 @@ class Learner:
         for _ in range(cfg.ppo_epochs):
             for mini in split_even(rows, n_mini):
                 self._step(data, mini, sums)
+        extra = ("ratio_sum", "ratio_n", "truncated", "masked")
         totals = self._global_sum([sums.get(k, 0.0) for k in _SUM_KEYS]
-                                  + [gap, ratio["sum"], ratio["n"]])
-        s = dict(zip(_SUM_KEYS + ("gap", "ratio_sum", "ratio_n"), totals))
+                                  + [gap] + [ratio[k] for k in extra])
+        s = dict(zip(_SUM_KEYS + ("gap",) + extra, totals))
         return self._metrics(s, ratio)
 
     def _metrics(self, s: dict[str, float], ratio: dict[str, float]) -> dict[str, float]:
@@ -243,50 +246,46 @@ class Learner:
             # mean |recomputed - sampled| log-prob over the tokens the engine gave one
             # for: the rollout/learner mismatch
             out["train/rollout_logprob_gap"] = s["gap"] / max(s["ratio_n"], 1.0)
-            # pi_learner_old / pi_rollout per token (truncated by tis_cap when set)
+            # pi_learner_old / pi_rollout per token (before truncation or masking)
             out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
-            out["train/is_ratio_max"] = self._global_max(float(ratio["max"]))
+            out["train/is_ratio_max"] = self._global_max(float(ratio["ratio_max"]))
+            if cfg.correction.weighted:
+                out["train/is_truncated_frac"] = s["truncated"] / max(s["ratio_n"], 1.0)
+                out["train/is_masked_frac"] = s["masked"] / max(s["ratio_n"], 1.0)
         return out
 
     def _recompute_old(self, data, rows: np.ndarray):
-        """Old log-probs from a teacher-forced pass under the current parameters (the
-        table's ``logprobs`` column replaced); the summed absolute difference to the
-        sampled ones; the per-token ratio pi_learner_old / pi_rollout (sum, max, count;
-        tokens without a rollout log-prob are left out) and, with ``tis_cap``, each
-        token's truncated weight (an ``is_weight`` column)."""
+        """Old (proximal) log-probs from a teacher-forced pass under the current parameters
+        (the table's ``logprobs`` column replaced), the summed absolute difference to the
+        sampled (behaviour) ones, and the importance weights of the configured correction
+        (:mod:`gaca_agent.learner.correction`; an ``is_weight`` column when it weighs)
+        with their statistics."""
+        from gaca_agent.learner.correction import importance_weights
         from gaca_agent.steps import Ragged
 
-        cap = self.config.tis_cap
         comps, sampled_lp = data["completion_ids"], data["logprobs"]
         offsets = comps.offsets
-        old = np.zeros(offsets[-1])
-        weight = np.ones(offsets[-1])
+        old = np.asarray(sampled_lp.values, dtype=np.float64).copy()
         self.model.eval()
-        gap = 0.0
-        ratio = {"sum": 0.0, "max": 0.0, "n": 0.0}
         with torch.no_grad():
             for chunk in self._micro(rows):
                 batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
                 logp = self._logprobs(self.model, batch)[0].float().cpu().numpy()
                 for b, i in enumerate(chunk):
-                    if i == PAD:
-                        continue
-                    n, at = len(comps[i]), offsets[i]
-                    sampled = np.asarray(sampled_lp[i][:n], dtype=np.float64)
-                    known = np.isfinite(sampled)
-                    rho = np.exp(logp[b, :n] - np.where(known, sampled, logp[b, :n]))
-                    gap += float(np.abs(logp[b, :n] - sampled)[known].sum())
-                    if known.any():
-                        ratio["sum"] += float(rho[known].sum())
-                        ratio["max"] = max(ratio["max"], float(rho[known].max()))
-                        ratio["n"] += float(known.sum())
-                    old[at:at + n] = logp[b, :n]
-                    if cap is not None:
-                        weight[at:at + n] = np.minimum(rho, cap)
+                    if i != PAD:
+                        n, at = len(comps[i]), offsets[i]
+                        old[at:at + n] = logp[b, :n]
+        picked = np.zeros(len(old), dtype=bool)  # the tokens of the trained rows
+        for i in rows:
+            picked[offsets[i]:offsets[i + 1]] = True
+        behaviour = np.where(picked, np.asarray(sampled_lp.values, dtype=np.float64), np.nan)
+        known = np.isfinite(behaviour)
+        gap = float(np.abs(old - behaviour)[known].sum())
+        weight, stats = importance_weights(old, behaviour, offsets, self.config.correction)
         columns = {"logprobs": Ragged(old, offsets)}
-        if cap is not None:
+        if weight is not None:
             columns["is_weight"] = Ragged(weight, offsets)
-        return data.with_columns(**columns), gap, ratio
+        return data.with_columns(**columns), gap, stats
 
     def _step(self, data, mini: np.ndarray, sums: dict[str, float]) -> None:
         cfg, acc = self.config, self.accelerator
@@ -316,7 +315,7 @@ class Learner:
         mask = batch["mask"]
         loss, clip_frac = policy_loss("ppo_clip")(
             logp, batch["old"], batch["adv"], mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg,
-            denom, cfg.clip_ratio_c, batch["isw"] if cfg.tis_cap is not None else None)
+            denom, cfg.clip_ratio_c, batch["isw"] if cfg.correction.weighted else None)
         n_tok = float(mask.sum())
         policy_part = float(loss.detach()) / self.accelerator.num_processes
         if cfg.kl_coef > 0:

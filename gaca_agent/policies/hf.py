@@ -82,6 +82,8 @@ def to_output(completion) -> ActionOutput:
     action, valid = parse_response(completion.text)
     extra = {} if completion.token_source == "engine" else {
         "token_source": completion.token_source, "model": completion.model}
+    if getattr(completion, "policy_version", None) is not None:
+        extra["policy_version"] = completion.policy_version
     return ActionOutput(completion.text, action, valid, list(completion.prompt_ids),
                         completion.completion_ids, completion.logprobs,
                         completion.entropies, nll=dict(completion.nll), extra=extra)

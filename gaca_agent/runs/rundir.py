@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
@@ -27,9 +27,11 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(learner, run_dir: Path, iteration: int, keep: int) -> None:
+def save_checkpoint(learner, run_dir: Path, iteration: int, keep: int,
+                    extra: Callable[[Path], None] | None = None) -> None:
     """Write to a temporary folder, rename it, then move the ``latest`` pointer: a kill
-    at any moment leaves the previous checkpoint intact and named."""
+    at any moment leaves the previous checkpoint intact and named. ``extra(folder)``
+    writes more of this rank's state into it (asynchronous training's batches)."""
     root = run_dir / "checkpoints"
     final = root / f"iter-{iteration:05d}"
     tmp = root / f".tmp-iter-{iteration:05d}"
@@ -38,6 +40,9 @@ def save_checkpoint(learner, run_dir: Path, iteration: int, keep: int) -> None:
     learner.accelerator.wait_for_everyone()
     try:
         learner.save(tmp)
+        if extra is not None:
+            extra(tmp)
+        learner.accelerator.wait_for_everyone()
     except OSError as err:  # a full disk: the half-written folder goes, the latest stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(err.errno, f"could not write checkpoint {final.name} in {root} "

@@ -27,6 +27,56 @@ def iteration_tasks(cfg: TrainConfig, iteration: int,
     return [(int(t), int(s)) for t, s in zip(ids, seeds)]
 
 
+def rank_share(n: int, acc) -> list[int]:
+    """The indices of ``n`` items (task groups, episodes) this rank plays: every
+    ``num_processes``-th one from its own index."""
+    return list(range(acc.process_index, n, acc.num_processes))
+
+
+def drop_stale(rollout, iteration: int, staleness: int) -> int:
+    """Mark failed (so they are not trained on) the episodes of every task group with a
+    step sampled more than ``staleness`` versions before ``iteration``; how many groups.
+    (The producer's schedule never lets that happen; this is the guard behind it.)"""
+    table = rollout.table
+    old = table["policy_version"] < iteration - staleness
+    stale = set(table["group"][old & (table["policy_version"] >= 0)].tolist())
+    for ep in rollout.episodes:
+        if ep.group in stale and not ep.failed:
+            ep.failed, ep.error = True, (f"dropped: sampled more than {staleness} weight "
+                                         f"versions before update {iteration}")
+    if stale:
+        table.columns["failed"] = table["failed"] | np.isin(table["group"], list(stale))
+    return len(stale)
+
+
+def staleness_metrics(acc, table, iteration: int, dropped: int,
+                      waited_s: float) -> dict[str, float]:
+    """How many versions behind the learner the trained tokens were sampled (min, mean
+    over tokens, max; over every rank), task groups dropped, and the learner's wait."""
+    import torch
+
+    behind = iteration - table["policy_version"]
+    tokens = table["completion_ids"].lengths().astype(np.float64)
+    known = table["policy_version"] >= 0
+    values = [float((behind * tokens)[known].sum()), float(tokens[known].sum()),
+              float(dropped), waited_s]
+    low = float(behind[known].min()) if known.any() else float("inf")
+    high = float(behind[known].max()) if known.any() else float("-inf")
+    if acc.num_processes > 1:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=acc.device)
+        values = acc.reduce(t, reduction="sum").tolist()
+        ends = torch.tensor([-low, high], dtype=torch.float64, device=acc.device)
+        dist.all_reduce(ends, op=dist.ReduceOp.MAX)
+        low, high = -float(ends[0]), float(ends[1])
+    weighted, n, dropped_all, waited = values
+    return {"async/stale_min": low if n else 0.0, "async/stale_max": high if n else 0.0,
+            "async/stale_mean": weighted / n if n else 0.0,
+            "async/dropped_groups": dropped_all,
+            "async/wait_s": waited / max(acc.num_processes, 1)}
+
+
 def globalize(rollout, mine: list[int], group_size: int) -> None:
     """Local task-group and trajectory ids of a rank's rollout -> the iteration's ids."""
     groups = np.asarray(mine, dtype=np.int64)
@@ -94,7 +144,7 @@ def held_out(learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> di
     acc = learner.accelerator
     tasks = plan(cfg.env.eval_episodes, num_tasks, EVAL_SEED)
     with learner.rollout_context():
-        rollout = collector.run(policy, tasks[acc.process_index::acc.num_processes], 1)
+        rollout = collector.run(policy, [tasks[i] for i in rank_share(len(tasks), acc)], 1)
     return rollout_metrics(reduce_sums(acc, rollout_sums(rollout)), "eval")
 
 

@@ -4,11 +4,12 @@ evaluate and checkpoint; the final save and held-out evaluation. See
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -18,11 +19,13 @@ from gaca_agent.eval.evaluate import num_tasks_of
 from gaca_agent.runs.progress import iteration_line, quiet_libraries
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
-from gaca_agent.training.iteration import (EVAL_SEED, episode_records, estimate, globalize,
-                                           held_out, iteration_tasks, reduce_sums,
-                                           rollout_metrics, rollout_sums, write_train_report)
-from gaca_agent.training.setup import (load_adapter, make_collector, make_policies,
-                                       resolve_model)
+from gaca_agent.training.iteration import (EVAL_SEED, drop_stale, episode_records, estimate,
+                                           globalize, held_out, iteration_tasks, rank_share,
+                                           reduce_sums, rollout_metrics, rollout_sums,
+                                           staleness_metrics, write_train_report)
+from gaca_agent.training.producer import Batch, Lockstep, Producer
+from gaca_agent.training.setup import (load_adapter, load_ahead, make_collector, make_policies,
+                                       resolve_model, save_ahead)
 from gaca_agent.training.sync import WeightSync
 
 
@@ -60,11 +63,15 @@ class Run:
     collector: Any = None
     evaluator: Any = None
     sync: WeightSync | None = None
+    source: Any = None
+    """Where batches come from: :class:`Lockstep` or a :class:`Producer` running ahead."""
+    ahead: list = field(default_factory=list)
+    """A resumed asynchronous run's batches collected before its checkpoint."""
     n_train: int = 0
     n_eval: int = 0
 
     def close(self) -> None:
-        for part in (self.collector, self.evaluator, self.server, self.log):
+        for part in (self.source, self.collector, self.evaluator, self.server, self.log):
             if part is not None:
                 part.close()
 
@@ -84,12 +91,13 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
             _warmup(run)
         elif run.sync is not None:
             run.sync(run.start)  # a resumed run first puts its checkpoint's weights there
+        run.source = _source(run)
         bar = tqdm(range(run.start, cfg.iterations), desc=cfg.name,
                    disable=not (bar_shown and run.acc.is_main_process))
         for it in bar:
             stage = f"iteration {it + 1}/{cfg.iterations}"
             t0 = time.perf_counter()
-            metrics = _iteration(run, it)
+            metrics = learn(run, it, run.source.get(it), t0)
             bar.set_postfix(success=f"{metrics['rollout/success']:.2f}",
                             eval=f"{metrics.get('eval/success', float('nan')):.2f}")
             if not bar_shown and run.acc.is_main_process:
@@ -132,14 +140,17 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     reference = (run_dir / "reference" if (run_dir / "reference" / "config.json").exists()
                  else base) if ckpt else None
     learner = Learner(weights, tokenizer, cfg.learner, acc, reference=reference)
+    ahead: list = []
     if ckpt:
         if cfg.learner.lora_r > 0:
             load_adapter(learner, ckpt[1])
         learner.load_state(ckpt[1])
+        ahead = load_ahead(ckpt[1], acc.process_index)
     # resuming a run killed before its first checkpoint starts over: drop its metrics
     log = MetricsLog(run_dir, acc.is_main_process, ckpt[0] if ckpt else (-2 if resume else None),
                      cfg.logging, cfg.name, cfg.project, to_dict(cfg))
-    run = Run(cfg, acc, run_dir, learner, tokenizer, log, ckpt[0] + 1 if ckpt else 0)
+    run = Run(cfg, acc, run_dir, learner, tokenizer, log, ckpt[0] + 1 if ckpt else 0,
+              ahead=ahead)
     run.policy, run.eval_policy, run.server = make_policies(cfg, learner, tokenizer)
     run.n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs, cfg.env.servers)
     run.n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs, cfg.env.servers)
@@ -147,39 +158,75 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     run.evaluator = make_collector(cfg, cfg.env.eval_kwargs)  # one for every evaluation
     if run.server is not None:
         run.sync = WeightSync(learner, run.server, run_dir, cfg.name, cfg.server,
-                              cfg.model.temperature, cfg.model.eval_temperature)
+                              cfg.model.temperature, cfg.model.eval_temperature,
+                              keep=cfg.max_staleness + 1)
     return run
 
 
-def _iteration(run: Run, it: int) -> dict[str, float]:
-    """One iteration: collect, estimate, update, sync, log, evaluate, save."""
+def _source(run: Run):
+    """Lock-step, or a producer running ``max_staleness`` iterations ahead."""
+    cfg = run.cfg
+    if cfg.max_staleness == 0:
+        return Lockstep(lambda it, version: collect(run, it, version))
+    return Producer(lambda it, version: collect(run, it, version, seed_torch=False),
+                    run.start, cfg.iterations, cfg.max_staleness, synced=run.start,
+                    pinned=not cfg.partial_rollouts, drain=cfg.learner.lora_r == 0,
+                    ready=run.ahead)
+
+
+def collect(run: Run, it: int, version: int | None = None, seed_torch: bool = True) -> Batch:
+    """Iteration ``it``'s rollouts (this rank's share of its task groups), every turn
+    pinned to weight version ``version`` when given (else: the current weights, ``it``)."""
     import torch
 
     cfg, acc, learner = run.cfg, run.acc, run.learner
-    torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
+    if seed_torch:  # the lock-step order: a local engine's unkeyed rows draw from it
+        torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
     tasks = iteration_tasks(cfg, it, run.n_train)
-    mine = list(range(acc.process_index, len(tasks), acc.num_processes))
+    mine = rank_share(len(tasks), acc)
     t0 = time.perf_counter()
-    with learner.rollout_context():
-        rollout = run.collector.run(run.policy, [tasks[g] for g in mine], cfg.env.group_size)
+    # the server engine samples elsewhere: only a local engine needs the learner's model
+    context = learner.rollout_context() if run.server is None else contextlib.nullcontext()
+    with context:
+        rollout = run.collector.run(run.policy, [tasks[g] for g in mine], cfg.env.group_size,
+                                    version=it if version is None and run.server is None
+                                    else version)
     globalize(rollout, mine, cfg.env.group_size)
-    t_collect = time.perf_counter() - t0
+    return Batch(it, rollout, time.perf_counter() - t0, version)
+
+
+def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
+    """One iteration on ``batch``: estimate, update, sync, log, evaluate, save."""
+    import torch
+
+    cfg, acc, learner = run.cfg, run.acc, run.learner
+    if cfg.max_staleness:  # the producer's thread does not seed: the update does
+        torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
+    rollout, waited = batch.rollout, time.perf_counter() - t0
+    dropped = drop_stale(rollout, it, cfg.max_staleness) if cfg.max_staleness else 0
     table = rollout.training_table()
-    adv, diag, weight = estimate(acc, cfg, table)
     t1 = time.perf_counter()
+    adv, diag, weight = estimate(acc, cfg, table)
     metrics = learner.update(table, adv)
     t_update = time.perf_counter() - t1
     if run.sync is not None:
+        run.source.before_sync(it + 1)
         metrics.update(run.sync(it + 1))  # the next rollouts use this update's weights
+        run.source.after_sync(it + 1)
     sums = reduce_sums(acc, rollout_sums(rollout))
     metrics.update(rollout_metrics(sums))
     metrics.update({f"adv/{k}": v for k, v in diag.items()})
     metrics.update({"perf/tokens_per_s": metrics["train/tokens"] / max(t_update, 1e-9),
-                    "perf/env_steps_per_s": sums["steps"] / max(t_collect, 1e-9),
-                    "perf/collect_s": t_collect, "perf/update_s": t_update})
+                    "perf/env_steps_per_s": sums["steps"] / max(batch.seconds, 1e-9),
+                    "perf/collect_s": batch.seconds, "perf/update_s": t_update})
+    if cfg.max_staleness:
+        metrics.update(staleness_metrics(acc, table, it, dropped, waited))
     last = it + 1 == cfg.iterations
     if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last):
         metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+    elapsed = time.perf_counter() - t0
+    metrics.update({"perf/iteration_s": elapsed,
+                    "perf/learner_busy": min(1.0, t_update / max(elapsed, 1e-9))})
     run.log.log(it, metrics)
     rollout.attach(advantage=adv, weight=weight)
     records = episode_records(rollout)
@@ -190,7 +237,10 @@ def _iteration(run: Run, it: int) -> dict[str, float]:
     if last and acc.is_main_process:
         write_train_report(run.run_dir, cfg, it, records)
     if cfg.checkpoint_every and ((it + 1) % cfg.checkpoint_every == 0 or last):
-        save_checkpoint(learner, run.run_dir, it, cfg.keep_checkpoints)
+        ahead = run.source.ahead(it)
+        save_checkpoint(learner, run.run_dir, it, cfg.keep_checkpoints,
+                        extra=(lambda path: save_ahead(path, acc.process_index, ahead))
+                        if ahead else None)
     return metrics
 
 
@@ -246,7 +296,7 @@ def _finish(run: Run) -> None:
     state = learner.state_dict()
     digests = gather_object([param_digest({k: v for k, v in state.items() if k in trainable})])
     tasks = plan(cfg.env.eval_episodes, n_eval, EVAL_SEED)
-    mine = list(range(acc.process_index, len(tasks), acc.num_processes))
+    mine = rank_share(len(tasks), acc)
     with learner.rollout_context():
         rollout = run.evaluator.run(run.eval_policy, [tasks[i] for i in mine], 1)
     records = episode_records(rollout)

@@ -45,7 +45,8 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
     from gaca_agent.generate.factory import make_engine
     from gaca_agent.policies.served import ServerPolicy
 
-    engine = make_engine("server", tokenizer=tokenizer, server=cfg.server)
+    engine = make_engine("server", tokenizer=tokenizer, server=cfg.server,
+                         keep_versions=cfg.max_staleness + 1)
     return (*(ServerPolicy(engine, t, m.max_new_tokens, e.history_length, e.template_file)
               for t in (m.temperature, m.eval_temperature)), engine)
 
@@ -57,3 +58,23 @@ def make_collector(cfg: TrainConfig, kwargs: dict):
     from gaca_agent.collect.collector import Collector
 
     return Collector(replace(cfg.env, kwargs=dict(kwargs)))
+
+
+def save_ahead(checkpoint: Path, rank: int, batches) -> None:
+    """The batches a checkpoint keeps (collected ahead of the learner, asynchronous
+    training), this rank's share."""
+    import pickle
+
+    with open(checkpoint / f"ahead.rank{rank}.pkl", "wb") as f:
+        pickle.dump(list(batches), f)
+
+
+def load_ahead(checkpoint: Path, rank: int) -> list:
+    """The batches :func:`save_ahead` kept (none for a lock-step run's checkpoint)."""
+    import pickle
+
+    path = checkpoint / f"ahead.rank{rank}.pkl"
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        return pickle.load(f)

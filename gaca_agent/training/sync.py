@@ -20,11 +20,14 @@ class WeightSync:
     every rank with the main process's reason."""
 
     def __init__(self, learner, engine, run_dir: Path, name: str, server,
-                 temperature: float, eval_temperature: float) -> None:
+                 temperature: float, eval_temperature: float, keep: int = 1) -> None:
         from accelerate.utils import broadcast_object_list
 
         self.learner, self.engine, self.server = learner, engine, server
         self.lora = learner.config.lora_r > 0
+        # the files kept: the adapters the server still serves (max_staleness + 1), and
+        # the full weights of this version and the one before
+        self.keep_files = max(2, keep) if self.lora else 2
         self.dir = run_dir / ("adapters" if self.lora else "weights")
         # the probe's metric prefix and temperature: the rollouts', then the held-out one
         # when it differs (greedy sampling, temperature 0, is not probed)
@@ -43,21 +46,24 @@ class WeightSync:
         name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
         if self.lora:
             self.learner.save_adapter(path)
-            load = partial(self.engine.load_adapter, name, str(path.resolve()))
+            load = partial(self.engine.load_adapter, name, str(path.resolve()), version)
         else:
             self.learner.save_weights(path, self.server.sync_dtype)
-            load = partial(self.engine.update_weights_from_disk, str(path.resolve()), name)
+            load = partial(self.engine.update_weights_from_disk, str(path.resolve()), name,
+                           version)
         self._on_main(load, f"weight sync of version {version} failed")
-        if self.lora:  # the other ranks' engines (the main one has it)
-            self.engine.adapter = name
-        if not self.lora or self.engine.kind == "sglang":  # the label responses carry
-            self.engine.weight_version = name
+        if not acc.is_main_process:  # the other ranks' engines (the main one has it)
+            self.engine.synced(version, name, labelled=not self.lora or
+                               self.engine.kind == "sglang")
+            if self.lora:
+                self.engine.adapter = name
         with self.learner.rollout_context():  # every rank (FSDP gathers); the main probes
             metrics = self._on_main(self._probe,
                                     f"after the weight sync of version {version}")
         if acc.is_main_process:  # older versions are unloaded: drop their files
+            kept = {f"v{v}" for v in range(version - self.keep_files + 1, version + 1)}
             for old in self.dir.glob("v*"):
-                if old.name not in (f"v{version}", f"v{version - 1}"):
+                if old.name not in kept:
                     shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
         return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,

@@ -1,0 +1,152 @@
+"""Where the learner's batches come from: collected just in time (lock-step, ``max_staleness:
+0``) or ahead of the learner on a thread (asynchronous, ``max_staleness: K`` >= 1).
+
+Asynchronous schedule. Iteration j's rollouts are sampled by weight version j - K (0
+while j < K): the producer starts iteration j once that version is synced (admission:
+nothing it samples is more than K versions behind the learner that trains on it), and
+pins every turn of the iteration to it (``partial_rollouts: false``; with it on, each
+turn takes the newest weights, never older than j - K). The learner meanwhile trains on
+iteration j - 1, ... So collection and updates overlap, and because each iteration's
+version is fixed by the schedule, not by timing, a run is as reproducible as the
+lock-step one.
+
+A server that serves one set of full weights at a time cannot swap to version v while
+the producer still samples an iteration pinned to v - 1: the sync first waits for it
+(:meth:`Producer.before_sync`). LoRA adapters stay loaded side by side (the window of
+K + 1), so no sync waits.
+
+Exact resume: a checkpoint after iteration i holds the batches of i + 1 .. i + K, which
+were collected before it was written (:meth:`Producer.ahead`); the resumed producer
+starts at i + K + 1 with the checkpoint's weights, version i + 1: what the uninterrupted
+run would have used.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Batch:
+    """One iteration's rollouts (this rank's share) and how it was collected."""
+
+    iteration: int
+    rollout: Any
+    seconds: float
+    version: int | None = None
+    """The weight version every turn was pinned to (None: not pinned)."""
+
+
+class ProducerStopped(RuntimeError):
+    """The producer thread failed; the learner stops with its reason."""
+
+
+class Lockstep:
+    """Each batch collected when the learner asks for it."""
+
+    waited = 0.0
+
+    def __init__(self, collect: Callable[[int, int | None], Batch]) -> None:
+        self.collect = collect
+
+    def get(self, iteration: int) -> Batch:
+        return self.collect(iteration, None)
+
+    def before_sync(self, version: int) -> None:
+        pass
+
+    def after_sync(self, version: int) -> None:
+        pass
+
+    def ahead(self, iteration: int) -> list[Batch]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class Producer:
+    """Collects iterations ``start`` .. ``stop - 1`` ahead of the learner (see the module
+    docstring); ``ready``: batches already collected (a resumed run's checkpoint)."""
+
+    def __init__(self, collect: Callable[[int, int | None], Batch], start: int, stop: int,
+                 staleness: int, synced: int, pinned: bool = True, drain: bool = False,
+                 ready: list[Batch] | None = None) -> None:
+        if staleness < 1:
+            raise ValueError(f"a producer runs ahead by max_staleness >= 1, got {staleness}")
+        self.collect, self.stop, self.k = collect, stop, staleness
+        self.pinned, self.drain = pinned, drain
+        self.ready: dict[int, Batch] = {b.iteration: b for b in ready or []}
+        self.synced = synced  # the newest weight version the server has
+        self.collected = max([start - 1, *self.ready])  # every iteration up to it is done
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.waited = 0.0  # seconds the learner waited for batches
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="gaca-producer", daemon=True)
+        self._thread.start()
+
+    def version_for(self, iteration: int) -> int:
+        return max(0, iteration - self.k)
+
+    def _run(self) -> None:
+        try:
+            for j in range(self.collected + 1, self.stop):
+                version = self.version_for(j)
+                with self._cv:
+                    self._cv.wait_for(lambda: self.synced >= version or self.stopping)
+                    if self.stopping:
+                        return
+                batch = self.collect(j, version if self.pinned else None)
+                with self._cv:
+                    self.ready[j] = batch
+                    self.collected = j
+                    self._cv.notify_all()
+        except BaseException as err:  # noqa: BLE001 - handed to the learner
+            with self._cv:
+                self.error = err
+                self._cv.notify_all()
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        t0 = time.perf_counter()
+        with self._cv:
+            self._cv.wait_for(lambda: done() or self.error is not None)
+            if self.error is not None and not done():
+                raise ProducerStopped(f"collecting rollouts failed: "
+                                      f"{type(self.error).__name__}: {self.error}") \
+                    from self.error
+        self.waited += time.perf_counter() - t0
+
+    def get(self, iteration: int) -> Batch:
+        """Iteration ``iteration``'s batch, once collected."""
+        self._wait(lambda: iteration in self.ready)
+        with self._cv:
+            return self.ready.pop(iteration)
+
+    def before_sync(self, version: int) -> None:
+        """With one served version at a time (full weights, pinned turns): wait until no
+        iteration left to collect is pinned to an older version than ``version``."""
+        if self.drain and self.pinned:
+            last = min(version - 1 + self.k, self.stop - 1)
+            self._wait(lambda: self.collected >= last)
+
+    def after_sync(self, version: int) -> None:
+        with self._cv:
+            self.synced = version
+            self._cv.notify_all()
+
+    def ahead(self, iteration: int) -> list[Batch]:
+        """The batches after ``iteration`` up to ``iteration + K``, once collected (what
+        a checkpoint after ``iteration`` keeps)."""
+        last = min(iteration + self.k, self.stop - 1)
+        self._wait(lambda: self.collected >= last)
+        with self._cv:
+            return [self.ready[j] for j in sorted(self.ready) if iteration < j <= last]
+
+    def close(self) -> None:
+        with self._cv:
+            self.stopping = True
+            self._cv.notify_all()
