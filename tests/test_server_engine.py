@@ -448,10 +448,10 @@ def test_gaca_serve_full_weight_updates_in_both_forms(served, tiny_model_path, t
         engine.update_weights_from_disk(tiny_model_path, f"{kind}-v1")  # the same weights
         after = engine.complete(messages, 6, 1.0, key=4)
         assert after.completion_ids == before.completion_ids
-        assert model.weights.version == f"{kind}-v1" and not model.weights.paused.is_set()
+        assert model.weights.version == f"{kind}-v1" and not model.weights.paused
         with pytest.raises(WeightSyncError, match="no safetensors"):
             engine.update_weights_from_disk(str(tmp_path), f"{kind}-v2")
-        assert model.weights.version == f"{kind}-v1" and not model.weights.paused.is_set()
+        assert model.weights.version == f"{kind}-v1" and not model.weights.paused
     root = base.removesuffix("/v1")
     post_json(root + "/pause?mode=wait", None, retries=0)
     try:

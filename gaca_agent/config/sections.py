@@ -135,8 +135,21 @@ class ServerSection:
     (gaca_agent/generate/probe.py); beyond it the run stops naming the server flag to fix."""
     probe_tokens: int = 16
     sync_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Full fine-tuning: the dtype of the weights written for the server to load (bf16
-    halves the files; the server casts to its own dtype either way)."""
+    """Full fine-tuning: the dtype of the weights sent to the server (bf16 halves the
+    bytes; the server casts to its own dtype either way)."""
+    weight_transfer: Literal["disk", "broadcast"] = "disk"
+    """Full fine-tuning: ``disk`` writes the weights under ``weights/vN`` for the server to
+    load (any server that can read the folder); ``broadcast`` sends them over
+    ``torch.distributed`` (NCCL on GPUs, gloo on CPUs) through SGLang's distributed update
+    API (gaca-serve speaks it) or vLLM's weight-transfer engine, in buckets, no disk."""
+    bucket_mb: int = 1024
+    """Broadcast bucket size in MiB (AReaL and ROLL: 1 GiB; slime: 512 MiB)."""
+    transfer_timeout_s: float = 600.0
+    """The bound on every collective of the broadcast: a peer that stalls stops the run."""
+    transfer_host: str = "127.0.0.1"
+    """The learner's address as the inference server reaches it (the rendezvous host)."""
+    transfer_port: int = 0
+    """The rendezvous port (0: a free one)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0:
@@ -144,6 +157,9 @@ class ServerSection:
                              "server.retries >= 0")
         if self.probe_tolerance <= 0 or self.probe_tokens < 1:
             raise ValueError("need server.probe_tolerance > 0 and server.probe_tokens >= 1")
+        if self.bucket_mb < 1 or self.transfer_timeout_s <= 0 or self.transfer_port < 0:
+            raise ValueError("need server.bucket_mb >= 1, server.transfer_timeout_s > 0 and "
+                             "server.transfer_port >= 0")
 
 
 @dataclass(frozen=True)
@@ -258,6 +274,10 @@ def check_server_setting(cfg: "TrainConfig") -> None:
             "model.engine: server needs learner.old_logprobs: recompute: the server's "
             "log-probs come from other kernels than the learner's, so the learner recomputes "
             "its own (add learner.tis_cap to also correct for the difference)")
+    if cfg.server.weight_transfer == "broadcast" and cfg.learner.lora_r > 0:
+        raise ValueError("server.weight_transfer: broadcast is for full fine-tuning (LoRA "
+                         "adapters are small and go through disk); set learner.lora_r: 0 "
+                         "or server.weight_transfer: disk")
     if cfg.model.max_prompt_tokens is not None:
         raise ValueError("model.max_prompt_tokens cannot apply with model.engine: server (the "
                          "server builds the prompt's tokens); set the server's context instead")

@@ -359,6 +359,13 @@ class Learner:
             self.unwrapped.save_pretrained(Path(path), state_dict=state)
         self.accelerator.wait_for_everyone()
 
+    def full_weights(self, dtype: str = "float32") -> list[tuple[str, torch.Tensor]]:
+        """The full model's named tensors (CPU; floating ones in ``dtype``), as the
+        inference server loads them: the broadcast weight sync's payload."""
+        cast = getattr(torch, dtype)
+        return [(k, v.to(cast) if v.is_floating_point() else v)
+                for k, v in self.state_dict().items()]
+
     def save(self, path: str | Path) -> None:
         """Model (or adapter), tokenizer, optimizer, scheduler and RNG states. Under
         ``fsdp`` each rank writes its optimizer shard."""

@@ -41,6 +41,7 @@ class ChatModel:
         from gaca_agent.generate.engines import HFEngine, eos_ids
         from gaca_agent.serving.adapters import Adapters
         from gaca_agent.serving.batcher import Batcher
+        from gaca_agent.serving.receiver import Receiver
         from gaca_agent.serving.weights import Weights
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,7 +62,9 @@ class ChatModel:
         self.max_tokens = max_tokens
         self.adapters = Adapters(self.engine, name)
         self.weights = Weights(self.engine, self.adapters)
-        self.batcher = Batcher(self.engine, self.adapters, max_queue, max_batch)
+        self.batcher = Batcher(self.engine, self.adapters, max_queue, max_batch,
+                               running=self.weights.running)
+        self.receiver = Receiver(self.weights, self.device)
         self._tokenize_lock = threading.Lock()
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
         self._byte_level = api.byte_decoder() if type(decoder).__name__ == "ByteLevel" \

@@ -31,8 +31,15 @@ class Job:
 
 
 class Batcher:
-    def __init__(self, engine, adapters, max_queue: int = 64, max_rows: int = 64) -> None:
+    def __init__(self, engine, adapters, max_queue: int = 64, max_rows: int = 64,
+                 running: threading.Event | None = None) -> None:
         self.engine, self.adapters = engine, adapters
+        self.running = running or threading.Event()
+        """No batch starts while it is clear (generation paused)."""
+        if running is None:
+            self.running.set()
+        self.finished = 0  # jobs answered (done, failed, aborted or cancelled)
+        self._count = threading.Lock()  # submitted and finished change on several threads
         self.max_queue, self.max_rows = max_queue, max_rows
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.batches = 0  # engine calls made
@@ -45,12 +52,15 @@ class Batcher:
     def submit(self, job: Job) -> None:
         if not self._thread.is_alive():
             raise APIError(503, "the generation thread has stopped; restart gaca-serve")
+        with self._count:
+            self.submitted += 1  # counted before it can be taken (see idle)
         try:
             self.queue.put_nowait(job)
         except queue.Full:
+            with self._count:
+                self.submitted -= 1
             raise APIError(429, f"server busy: {self.max_queue} requests are waiting; "
                                 "retry later", None, "queue_full") from None
-        self.submitted += 1
 
     def close(self) -> None:
         try:
@@ -59,17 +69,41 @@ class Batcher:
             pass
 
     # ------------------------------------------------------------- the thread
+    def idle(self) -> bool:
+        """Every accepted job has been answered (nothing queued, no batch running)."""
+        return self.finished >= self.submitted
+
+    def abort_queued(self, error: Exception) -> int:
+        """Answer every queued job with ``error``; how many."""
+        n = 0
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self.queue.put(None)
+                break
+            job.events.put(("error", error))
+            n += 1
+        with self._count:
+            self.finished += n
+        return n
+
     def _run(self) -> None:
         while True:
             jobs = self._take()
             if jobs is None:
                 return
+            self.running.wait()  # paused: the jobs wait here, none starts
             groups: dict[str, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.model, []).append(job)
             for model, group in groups.items():
                 self._generate(model, group)
                 self.batches += 1
+                with self._count:
+                    self.finished += len(group)
 
     def _take(self) -> list[Job] | None:
         first = self._carry or self.queue.get()

@@ -102,7 +102,13 @@ class Handler(BaseHTTPRequestHandler):
                   ("POST", "/update_weight_version"): self.update_weight_version,
                   ("GET", "/weight_info"): self.weight_info,
                   ("GET", "/get_weight_version"): self.weight_info,
-                  ("POST", "/update_weights_from_disk"): self.update_weights_from_disk}
+                  ("POST", "/update_weights_from_disk"): self.update_weights_from_disk,
+                  ("POST", "/weight_checker"): self.weight_checker,
+                  ("POST", "/pause_generation"): self.pause_generation,
+                  ("POST", "/continue_generation"): self.resume,
+                  ("POST", "/init_weights_update_group"): self.weight_group("init"),
+                  ("POST", "/update_weights_from_distributed"): self.weight_group("update"),
+                  ("POST", "/destroy_weights_update_group"): self.weight_group("destroy")}
         handler = routes.get((method, path))
         try:
             if not self._authorized():  # every path, /health too, once a key is set
@@ -163,20 +169,48 @@ class Handler(BaseHTTPRequestHandler):
         from urllib.parse import parse_qs
 
         query = parse_qs(self.path.partition("?")[2])
-        mode = (query.get("mode") or ["abort"])[0]
-        if mode not in ("abort", "wait", "keep"):
-            raise APIError(400, f"mode must be abort, wait or keep, got {mode!r}", "mode")
         self._body()
-        self.model.weights.paused.set()
+        self.model.weights.pause((query.get("mode") or ["abort"])[0], self.model.batcher)
         self._send(200, {"status": "paused"})
+
+    def pause_generation(self) -> None:
+        """SGLang's pause: ``abort`` as vLLM's; ``in_place`` and ``retract`` hold work."""
+        body = self._body()
+        mode = (body or {}).get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode not in ("abort", "retract", "in_place"):
+            raise APIError(400, f"mode must be abort, retract or in_place, got {mode!r}",
+                           "mode")
+        self.model.weights.pause("abort" if mode == "abort" else "keep", self.model.batcher)
+        self._send(200, {"success": True, "message": "paused"})
 
     def resume(self) -> None:
         self._body()
-        self.model.weights.paused.clear()
+        self.model.weights.resume()
         self._send(200, {"status": "resumed"})
 
     def is_paused(self) -> None:
-        self._send(200, {"is_paused": self.model.weights.paused.is_set()})
+        self._send(200, {"is_paused": self.model.weights.paused})
+
+    def weight_checker(self) -> None:
+        body = self._body()
+        action = body.get("action") if isinstance(body, dict) else None
+        if action not in ("checksum", "compare"):
+            raise APIError(400, "action must be checksum or compare", "action")
+        sums = self.model.weights.checksums()
+        if action == "checksum":
+            return self._send(200, {"checksums": sums})
+        baseline = body.get("baseline")
+        if not isinstance(baseline, dict):
+            raise APIError(400, "action 'compare' requires a 'baseline' object", "baseline")
+        bad = sorted(k for k in sums.keys() | baseline.keys() if sums.get(k) != baseline.get(k))
+        self._send(200, {"match": not bad, "mismatches": bad})
+
+    def weight_group(self, action: str):
+        """SGLang's distributed weight update (:mod:`gaca_agent.serving.receiver`)."""
+        def endpoint() -> None:
+            getattr(self.model.receiver, action)(self._body())
+            self._send(200, {"success": True, "message": f"weight group: {action} done"})
+        return endpoint
 
     def collective_rpc(self) -> None:
         body = self._body()
@@ -228,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
         from gaca_agent.serving.batcher import Job
 
         params = api.parse_chat(self._body())
-        if self.model.weights.paused.is_set():
+        if self.model.weights.paused and self.model.weights.refusing:
             raise APIError(503, "generation is paused (POST /resume)")
         served = self.model.adapters.resolve(params.model)
         version = self.model.weights.version

@@ -71,7 +71,8 @@ class Run:
     n_eval: int = 0
 
     def close(self) -> None:
-        for part in (self.source, self.collector, self.evaluator, self.server, self.log):
+        for part in (self.source, self.sync, self.collector, self.evaluator, self.server,
+                     self.log):
             if part is not None:
                 part.close()
 

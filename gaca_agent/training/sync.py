@@ -28,6 +28,8 @@ class WeightSync:
         # the files kept: the adapters the server still serves (max_staleness + 1), and
         # the full weights of this version and the one before
         self.keep_files = max(2, keep) if self.lora else 2
+        self.broadcast = not self.lora and server.weight_transfer == "broadcast"
+        self.sender = None  # the broadcast's learner end, opened at the first sync
         self.dir = run_dir / ("adapters" if self.lora else "weights")
         # the probe's metric prefix and temperature: the rollouts', then the held-out one
         # when it differs (greedy sampling, temperature 0, is not probed)
@@ -47,11 +49,13 @@ class WeightSync:
         if self.lora:
             self.learner.save_adapter(path)
             load = partial(self.engine.load_adapter, name, str(path.resolve()), version)
+        elif self.broadcast:
+            named = self.learner.full_weights(self.server.sync_dtype)
+            load = partial(self._broadcast, named, name, version)
         else:
             self.learner.save_weights(path, self.server.sync_dtype)
-            load = partial(self.engine.update_weights_from_disk, str(path.resolve()), name,
-                           version)
-        self._on_main(load, f"weight sync of version {version} failed")
+            load = partial(self._from_disk, path, name, version)
+        sent = self._on_main(load, f"weight sync of version {version} failed") or {}
         if not acc.is_main_process:  # the other ranks' engines (the main one has it)
             self.engine.synced(version, name, labelled=not self.lora or
                                self.engine.kind == "sglang")
@@ -67,7 +71,32 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
         return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
-                **(metrics or {})}
+                **sent, **(metrics or {})}
+
+    def _from_disk(self, path: Path, name: str, version: int) -> dict[str, float]:
+        self.engine.update_weights_from_disk(str(path.resolve()), name, version)
+        return {"perf/sync_bytes": float(sum(f.stat().st_size for f in path.glob(
+            "*.safetensors")))}
+
+    def _broadcast(self, named, name: str, version: int) -> dict[str, float]:
+        from gaca_agent.generate.transfer import (Broadcaster, VLLMBroadcaster,
+                                                  update_by_broadcast)
+
+        if self.sender is None:
+            import torch
+
+            kind = VLLMBroadcaster if self.engine.kind == "vllm" else Broadcaster
+            s = self.server
+            self.sender = kind(self.engine, s.transfer_host, s.transfer_port,
+                               "nccl" if torch.cuda.is_available() else "gloo",
+                               s.transfer_timeout_s, s.bucket_mb << 20,
+                               group_name=f"{self.prefix}-weights")
+        return update_by_broadcast(self.engine, self.sender, named, name, version)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
 
     def _on_main(self, step, context: str):
         """``step()`` on the main process; its result, or its failure raised on every
