@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -148,9 +149,11 @@ class ServerEngine:
         self.window = VersionWindow(keep_versions)
         """The synced versions the server still serves (``keep_versions``: max_staleness
         + 1): adapters stay loaded side by side; full weights are one at a time."""
+        self._busy, self._inflight, self._since = 0.0, 0, 0.0  # see busy_seconds
         self.labelled = False
         """Whether answers carry weight-version labels to check (after a full-weight sync,
         and on SGLang); vLLM's LoRA answers are checked by their adapter name."""
+        self._busy, self._inflight, self._since = 0.0, 0, 0.0  # see busy_seconds
         self._lock = threading.Lock()
 
     @property
@@ -315,12 +318,32 @@ class ServerEngine:
             return self.base_model, Expected(), None
         return self.base_model, self.window.expect(version), None
 
+    def busy_seconds(self) -> float:
+        """Seconds so far with at least one request of this engine in flight (the
+        server's busy time as this client sees it)."""
+        with self._lock:
+            open_s = time.perf_counter() - self._since if self._inflight else 0.0
+            return self._busy + open_s
+
+    def _flight(self, delta: int) -> None:
+        with self._lock:
+            now = time.perf_counter()
+            if self._inflight and delta < 0 and self._inflight + delta == 0:
+                self._busy += now - self._since
+            elif not self._inflight and delta > 0:
+                self._since = now
+            self._inflight += delta
+
     def _complete(self, messages: list[dict], max_tokens: int, temperature: float,
                   key: int | None, model: str, expected: Expected,
                   known: int | None) -> Completion:
-        reply = post_json(f"{self.base_url}/chat/completions",
-                          self.body(messages, max_tokens, temperature, key, model),
-                          self.api_key, self.timeout_s, self.retries, self.backoff_s)
+        self._flight(+1)
+        try:
+            reply = post_json(f"{self.base_url}/chat/completions",
+                              self.body(messages, max_tokens, temperature, key, model),
+                              self.api_key, self.timeout_s, self.retries, self.backoff_s)
+        finally:
+            self._flight(-1)
         if not isinstance(reply, dict) or not reply.get("choices"):
             raise RuntimeError(f"{self.base_url} answered without choices: {str(reply)[:300]}")
         answered = self._check_weights(reply, model, expected)

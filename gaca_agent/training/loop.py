@@ -69,6 +69,10 @@ class Run:
     """A resumed asynchronous run's batches collected before its checkpoint."""
     n_train: int = 0
     n_eval: int = 0
+    waited: float = 0.0
+    """Seconds the learner had waited for the producer up to the last iteration."""
+    busy: float = 0.0
+    """The server engine's busy seconds up to the last iteration."""
 
     def close(self) -> None:
         for part in (self.source, self.sync, self.collector, self.evaluator, self.server,
@@ -203,7 +207,7 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
     cfg, acc, learner = run.cfg, run.acc, run.learner
     if cfg.max_staleness:  # the producer's thread does not seed: the update does
         torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
-    rollout, waited = batch.rollout, time.perf_counter() - t0
+    rollout = batch.rollout
     dropped = drop_stale(rollout, it, cfg.max_staleness) if cfg.max_staleness else 0
     table = rollout.training_table()
     t1 = time.perf_counter()
@@ -220,7 +224,8 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
     metrics.update({"perf/tokens_per_s": metrics["train/tokens"] / max(t_update, 1e-9),
                     "perf/env_steps_per_s": sums["steps"] / max(batch.seconds, 1e-9),
                     "perf/collect_s": batch.seconds, "perf/update_s": t_update})
-    if cfg.max_staleness:
+    if cfg.max_staleness:  # waited: for this batch, and for the producer before the sync
+        waited, run.waited = run.source.waited - run.waited, run.source.waited
         metrics.update(staleness_metrics(acc, table, it, dropped, waited))
     last = it + 1 == cfg.iterations
     if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last):
@@ -228,6 +233,9 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
     elapsed = time.perf_counter() - t0
     metrics.update({"perf/iteration_s": elapsed,
                     "perf/learner_busy": min(1.0, t_update / max(elapsed, 1e-9))})
+    if run.server is not None:  # the share of the iteration with a request in flight
+        busy, run.busy = run.server.busy_seconds() - run.busy, run.server.busy_seconds()
+        metrics["perf/server_busy"] = min(1.0, busy / max(elapsed, 1e-9))
     run.log.log(it, metrics)
     rollout.attach(advantage=adv, weight=weight)
     records = episode_records(rollout)

@@ -72,8 +72,12 @@ async function runsPage() {
 // ----------------------------------------------------------------------------- a run
 const CURVES = [
   ["success", ["rollout/success", "eval/success"]], ["losses", ["losses/policy", "losses/entropy"]],
-  ["KL", ["losses/kl"]], ["IS ratio", ["train/is_ratio_mean", "train/is_ratio_max"]],
-  ["seconds per phase", ["perf/collect_s", "perf/update_s", "perf/eval_s", "perf/sync_s"]],
+  ["KL", ["losses/kl"]],
+  ["IS ratio", ["train/is_ratio_mean", "train/is_ratio_max", "train/is_truncated_frac",
+                "train/is_masked_frac"]],
+  ["seconds per phase", ["perf/collect_s", "perf/update_s", "sync/seconds", "perf/iteration_s"]],
+  ["staleness (versions behind)", ["async/stale_mean", "async/stale_max", "async/dropped_groups"]],
+  ["busy share", ["perf/learner_busy", "perf/server_busy"]],
 ];
 const COLOURS = ["#1a5fb4", "#c01c28", "#26a269", "#e66100"];
 
