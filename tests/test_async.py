@@ -85,14 +85,42 @@ class Recorder:
         return Batch(it, f"rollout {it}", self.delay, version)
 
 
+def bounded(producer, work, timeout_s=30.0):
+    """``work()`` (the learner's side), failing rather than hanging if the schedule
+    deadlocks (on a daemon thread: a stuck one cannot hold the test process)."""
+    out: dict = {}
+
+    def call():
+        try:
+            out["value"] = work()
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            out["error"] = err
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        producer.close()
+        pytest.fail("the learner waited for ever: the schedule deadlocked")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def get(producer, it):
+    return bounded(producer, lambda: producer.get(it))
+
+
 def run_learner(producer, iterations, start=0, updates=0.02):
-    got = []
-    for it in range(start, iterations):
-        got.append(producer.get(it))
-        time.sleep(updates)  # the update
-        producer.before_sync(it + 1)
-        producer.after_sync(it + 1)
-    return got
+    def learn():
+        got = []
+        for it in range(start, iterations):
+            got.append(producer.get(it))
+            time.sleep(updates)  # the update
+            producer.before_sync(it + 1)
+            producer.after_sync(it + 1)
+        return got
+    return bounded(producer, learn)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -114,8 +142,8 @@ def test_the_producer_runs_ahead_and_a_checkpoint_keeps_what_it_collected():
     ref = [None]
     collect = Recorder(ref)
     producer = ref[0] = Producer(collect, 0, 8, 2, synced=0)
-    assert producer.get(0).iteration == 0
-    ahead = producer.ahead(0)  # a checkpoint after iteration 0
+    assert get(producer, 0).iteration == 0
+    ahead = bounded(producer, lambda: producer.ahead(0))  # a checkpoint after iteration 0
     assert [b.iteration for b in ahead] == [1, 2]
     producer.after_sync(1)
     deadline = time.time() + 5
@@ -133,7 +161,7 @@ def test_the_producer_runs_ahead_and_a_checkpoint_keeps_what_it_collected():
 def test_a_failing_producer_stops_the_learner_with_its_reason():
     ref = [None]
     producer = ref[0] = Producer(Recorder(ref, fail_at=1), 0, 4, 1, synced=0)
-    assert producer.get(0).iteration == 0
+    assert get(producer, 0).iteration == 0
     with pytest.raises(ProducerStopped, match="ConnectionError: the inference server is gone"):
         producer.get(1)
     with pytest.raises(ValueError, match="max_staleness >= 1"):
@@ -184,6 +212,19 @@ def test_the_version_window_accepts_what_was_fixed_at_submission(scripted):
     with pytest.raises(StaleWeights, match="accepts"):
         e.complete([{"role": "user", "content": "go"}], 4, 1.0)
     assert e.busy_seconds() > 0
+    # one request at a time: a turn queued behind a slow one keeps what it accepted when
+    # it was submitted (r-v1 on), though a sync moves the window before it is sent
+    one = ServerEngine(s.base, "tiny", None, retries=0, keep_versions=2, concurrency=1)
+    one.weight_version, one.weight_version = "r-v1", "r-v2"
+    s.script["/v1/chat/completions"] = [("stall", 1.0),
+                                         (200, chat(weight_versions=[["r-v1", 0, 3]]))]
+    slow = one.submit([{"role": "user", "content": "a"}], 4, 1.0)
+    queued = one.submit([{"role": "user", "content": "b"}], 4, 1.0)
+    one.weight_version = "r-v3"
+    with pytest.raises(Exception):
+        slow.result(timeout=10)  # the stalled answer carries no choices
+    assert queued.result(timeout=10).policy_version == 1
+    one.close()
 
 
 @pytest.fixture
