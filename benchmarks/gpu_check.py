@@ -21,6 +21,11 @@ ids), and nothing but torch, transformers, accelerate and peft. It prints, as JS
    learner/server log-prob gap at temperatures 1 and 0.4 (bf16 kernels on both sides),
    16 rollout requests in flight at once, one PPO update on their tokens, the sync of the
    updated weights and the probe again (it must pass the default tolerance, 0.05).
+5. ``async``: one asynchronous iteration against a ``gaca-serve`` process on the same GPU:
+   the full weights broadcast over NCCL (bf16; seconds, GB/s, the server's checksums
+   equal the learner's, the probe), then the next rollouts sampled while the learner
+   updates on the last ones (wall seconds against the two one after the other)
+   (``benchmarks/gpu_check_async.py``).
 
     python benchmarks/gpu_check.py            # on a GPU
     python benchmarks/gpu_check.py --small    # a tiny model of the same kind, on CPU
@@ -238,6 +243,9 @@ def main(argv=None) -> int:
 
     tok.chat_template = CHAT_TEMPLATE
     server_iteration(path, tok, 16 if cuda else 4, 128 if cuda else 8, device)
+    from gpu_check_async import async_iteration
+
+    async_iteration(path, tok, 16 if cuda else 4, 128 if cuda else 8, device, emit)
     emit("done", seconds=round(time.perf_counter() - t0, 1))
     return 0
 

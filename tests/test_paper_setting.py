@@ -230,6 +230,17 @@ def test_every_paper_config_loads(path):
     from gaca_agent.config import load_config, to_dict
 
     cfg = load_config(ROOT / "gaca_agent/configs/paper" / path)
+    if path.endswith("_async.yaml"):  # its server-full base, asynchronous, broadcast
+        base = to_dict(load_config(ROOT / "gaca_agent/configs/paper" /
+                                   path.replace("_async", "")))
+        ours = to_dict(cfg)
+        assert cfg.max_staleness == 1 and cfg.server.weight_transfer == "broadcast"
+        assert {k for k in ours if ours[k] != base[k]} == {"name", "max_staleness", "server"}
+        changed = {k for k in ours["server"] if ours["server"][k] != base["server"][k]}
+        assert "weight_transfer" in changed and changed <= {
+            "weight_transfer", "transfer_host", "transfer_port", "bucket_mb",
+            "transfer_timeout_s"}
+        return
     variant = next((v for v in ("_server_lora", "_server_full") if path.endswith(v + ".yaml")),
                    None)
     if variant is None:

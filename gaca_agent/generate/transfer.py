@@ -7,9 +7,10 @@ SGLang's API (gaca-serve speaks it too):
   world_size: 2, group_name, backend}``: the server joins a process group of its own with
   the learner, which is rank 0 (both enter the rendezvous at once);
 - ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name,
-  weight_version, flush_cache, load_format: "flattened_bucket"}``: the server receives one
-  broadcast from rank 0 (the bucket's tensors, their bytes concatenated) and loads it
-  while the learner broadcasts; one call per bucket (``server.bucket_mb``);
+  weight_version, flush_cache}``: the server receives the listed tensors, one broadcast
+  each from rank 0 in that order, while the learner broadcasts them; one call per bucket
+  of ``server.bucket_mb`` (``load_format: "flattened_bucket"``, one broadcast of the
+  tensors' bytes concatenated, is taken too);
 - ``POST /destroy_weights_update_group {group_name}``.
 
 The group is made as SGLang makes its own (a TCP rendezvous, ``group_name`` as the store
@@ -169,18 +170,23 @@ class Broadcaster:
         t0, sent = time.perf_counter(), 0
         parts = buckets(named, self.bucket_bytes)
         for i, bucket in enumerate(parts):
-            flat, names, dtypes, shapes = flatten(bucket)
+            tensors = [t.detach().contiguous() for _, t in bucket]
             if self.backend == "nccl":
-                flat = flat.cuda()
-            body = {"names": names, "dtypes": dtypes, "shapes": shapes,
-                    "group_name": self.group_name, "load_format": "flattened_bucket",
-                    "flush_cache": i == len(parts) - 1,
+                tensors = [t.cuda() for t in tensors]
+            body = {"names": [n for n, _ in bucket],
+                    "dtypes": [str(t.dtype).split(".")[-1] for t in tensors],
+                    "shapes": [list(t.shape) for t in tensors],
+                    "group_name": self.group_name, "flush_cache": i == len(parts) - 1,
                     "weight_version": label if i == len(parts) - 1 else None}
+
+            def send_all(tensors=tensors):
+                for tensor in tensors:  # one broadcast per tensor, in the listed order
+                    broadcast(tensor, self.group, self.timeout_s)
+
             self._both(lambda: self.engine._admin("update_weights_from_distributed", body),
-                       lambda: broadcast(flat, self.group, self.timeout_s),
-                       f"broadcasting weights bucket {i + 1}/{len(parts)} to "
-                       f"{self.engine.base_url}")
-            sent += flat.numel()
+                       send_all, f"broadcasting weights bucket {i + 1}/{len(parts)} to "
+                                 f"{self.engine.base_url}")
+            sent += sum(t.numel() * t.element_size() for t in tensors)
         return {"perf/sync_bytes": float(sent), "perf/broadcast_s": time.perf_counter() - t0}
 
     def close(self) -> None:

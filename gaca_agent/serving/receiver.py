@@ -61,7 +61,10 @@ class Receiver:
             raise APIError(400, "no weight group: POST /init_weights_update_group first",
                            "group_name")
         names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
-        with self.lock:
+        with self.lock, self.weights.adapters.lock:  # no batch runs while weights arrive
+            if self.weights.adapters.paths:
+                raise APIError(400, "cannot replace the base weights while LoRA adapters are "
+                                    "loaded; unload them first", "names")
             try:
                 named = self._receive(group, names, dtypes, shapes,
                                       body.get("load_format") == "flattened_bucket",
@@ -69,11 +72,13 @@ class Receiver:
             except Exception as err:
                 raise APIError(400, f"receiving the weights failed: {type(err).__name__}: "
                                     f"{err}", "names") from err
-            self.weights.load(named)
+            self.weights.load(named, locked=True)
             if body.get("weight_version") is not None:
                 self.weights.set_version(body["weight_version"])
 
     def _receive(self, group, names, dtypes, shapes, flattened: bool, broadcast, unflatten):
+        """The bucket's named tensors; a tensor that matches a served one (name, dtype,
+        shape) is received straight into it (no copy)."""
         import math
 
         import torch
@@ -84,9 +89,16 @@ class Receiver:
             flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             broadcast(flat, group, self.timeout_s)
             return unflatten(flat, names, dtypes, shapes)
+        own = self.weights.engine.model.state_dict()
         out = []
         for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            kind, target = getattr(torch, dtype), own.get(name)
+            if target is not None and target.dtype == kind and list(target.shape) == shape \
+                    and target.is_contiguous():
+                with torch.no_grad():
+                    broadcast(target, group, self.timeout_s)
+                continue  # already in place
+            tensor = torch.empty(shape, dtype=kind, device=self.device)
             broadcast(tensor, group, self.timeout_s)
             out.append((name, tensor))
         return out

@@ -70,13 +70,16 @@ class Weights:
             state.update(load_file(str(f)))
         self.load(state.items(), "weights_path")
 
-    def load(self, named, param: str = "names") -> None:
+    def load(self, named, param: str = "names", locked: bool = False) -> None:
         """Copy named tensors into the base model (cast to its dtype), between two
-        batches; 400 naming the first that does not fit (nothing is changed then)."""
+        batches; 400 naming the first that does not fit (nothing is changed then).
+        ``locked``: the caller holds the adapters' lock already."""
+        import contextlib
+
         import torch
 
         named = list(named)
-        with self.adapters.lock:  # waits for the running batch
+        with contextlib.nullcontext() if locked else self.adapters.lock:  # between batches
             if self.adapters.paths:
                 raise APIError(400, "cannot replace the base weights while LoRA adapters are "
                                     "loaded; unload them first", param)
