@@ -3,6 +3,8 @@
     python benchmarks/bench_async.py                         # Diag and ALFWorld, K = 0, 1, 2
     python benchmarks/bench_async.py --suites diag --iterations 6 --seeds 0
     python benchmarks/bench_async.py --sync-only             # disk vs broadcast only
+    python benchmarks/bench_async.py --suites diag --staleness 0 1 --seeds 0 1 2 \
+        --iterations 10 env.groups=8 env.group_size=8 warmup.bc_steps=150 env.eval_episodes=64
 
 1. **Training** (per suite, per seed, per K in ``--staleness``): the same run (tiny model,
    full fine-tuning, weights broadcast over gloo) with rollouts on a ``gaca-serve``
@@ -36,7 +38,8 @@ SUITES = {
     "diag": ["env.id=gaca/Diag-Signs-v0", "env.kwargs={split: train}",
              "env.eval_kwargs={split: test}", "env.history_length=0"],
     "alfworld": ["env.id=gaca/ALFWorld-v0", "env.kwargs={split: valid_seen}",
-                 "env.eval_kwargs={split: valid_unseen}", "env.history_length=1"],
+                 "env.eval_kwargs={split: valid_unseen}", "env.history_length=1",
+                 "env.groups=2", "env.max_live_envs=8", "env.eval_episodes=16"],
 }
 COMMON = ["eval_every=0", "checkpoint_every=0", "keep_rollouts=false", "env.groups=4",
           "env.group_size=4", "env.max_live_envs=16", "env.workers=0",
@@ -79,7 +82,8 @@ def final_success(out: Path, name: str) -> float:
     return json.loads((out / name / "final_eval" / "results.json").read_text())["success_rate"]
 
 
-def training(suites, staleness, seeds, iterations, out: Path, cores) -> list[dict]:
+def training(suites, staleness, seeds, iterations, out: Path, cores,
+             extra: list[str] = ()) -> list[dict]:
     from gaca_agent.policies.tiny_model import cached_tiny_model
 
     rows = []
@@ -91,8 +95,8 @@ def training(suites, staleness, seeds, iterations, out: Path, cores) -> list[dic
                 name = f"{suite}-s{seed}-k{k}"
                 try:
                     t0 = time.perf_counter()
-                    metrics = train(out, name, [*COMMON, *SUITES[suite], f"seed={seed}",
-                                                f"iterations={iterations}",
+                    metrics = train(out, name, [*COMMON, *SUITES[suite], *extra,
+                                                f"seed={seed}", f"iterations={iterations}",
                                                 f"max_staleness={k}",
                                                 f"server.base_url={root}/v1"], cores[1])
                     wall = time.perf_counter() - t0
@@ -169,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--layers", type=int, default=8, help="the sync model's layers")
     p.add_argument("--sync-only", action="store_true")
+    p.add_argument("overrides", nargs="*", help="key=value settings after the benchmark's "
+                                                "own (e.g. env.groups=8 warmup.bc_steps=150)")
     p.add_argument("--no-pin", action="store_true", help="do not pin server/learner to cores")
     args = p.parse_args(argv)
     if 0 not in args.staleness:
@@ -176,7 +182,7 @@ def main(argv=None) -> int:
     cores = (None, None) if args.no_pin or (os.cpu_count() or 1) < 2 else (0, 1)
     out = Path(tempfile.mkdtemp(prefix="bench_async-"))
     rows = [] if args.sync_only else training(args.suites, args.staleness, args.seeds,
-                                                args.iterations, out, cores)
+                                                args.iterations, out, cores, args.overrides)
     sync = weight_sync(args.repeats, args.layers)
     print(json.dumps({"summary": {"training": rows, "weight_sync": sync}}), flush=True)
     return 0

@@ -190,10 +190,12 @@ def message_only(orig: ast.AST, mutant: ast.AST) -> bool:
     return differing > 0
 
 
-def changed_lines(source: str, orig: ast.AST, mutant: ast.AST) -> tuple[list[str], list[str]]:
-    """(removed, added) lines of a mutant against the original, stripped."""
-    a = ast.get_source_segment(source, orig).splitlines()[1:]
-    b = ast.get_source_segment(source, mutant).splitlines()[1:]
+def changed_lines(lines: list[str], orig: ast.AST, mutant: ast.AST
+                  ) -> tuple[list[str], list[str]]:
+    """(removed, added) lines of a mutant against the original (the file's ``lines``),
+    stripped, the ``def`` line left out."""
+    a = lines[orig.lineno:orig.end_lineno]
+    b = lines[mutant.lineno:mutant.end_lineno]
     removed, added = [], []
     for line in difflib.unified_diff(a, b, lineterm="", n=0):
         if line.startswith(("---", "+++", "@@")):
@@ -217,7 +219,7 @@ def classify(area: str, work: Path) -> list[dict]:
         if not any(fnmatch.fnmatch(rel, p) for p in mutate):
             continue
         source_path = work / "mutants" / rel
-        source = source_path.read_text()
+        lines = source_path.read_text().splitlines()
         funcs = functions(source_path)
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in sorted(codes.items()):
@@ -227,7 +229,7 @@ def classify(area: str, work: Path) -> list[dict]:
             record = {"name": name, "file": rel, "status": status, "kind": "caught"}
             if status not in KILLED:
                 orig, mutant = funcs[base + "__mutmut_orig"], funcs[local]
-                removed, added = changed_lines(source, orig, mutant)
+                removed, added = changed_lines(lines, orig, mutant)
                 record.update(removed=removed, added=added)
                 function = name.rsplit("__mutmut_", 1)[0]
                 reason = next((e["reason"] for e in equivalents

@@ -494,3 +494,42 @@ def test_an_asynchronous_run_killed_and_resumed_gives_the_same_metrics(tmp_path,
             if key.startswith(("perf/", "async/wait_s", "sync/seconds")):
                 continue
             assert b[it][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (it, key)
+
+
+@needs_model
+@pytest.mark.slow
+def test_an_asynchronous_run_stops_in_one_line_when_its_server_dies_and_resumes(tmp_path,
+                                                                               tiny_model_path):
+    """The producer's thread finds gaca-serve gone: the run stops with one line naming
+    the server and the intact checkpoint; with a fresh gaca-serve on the same port,
+    --resume finishes it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import free_port, stop_at_first_checkpoint
+    from test_server_engine import start_gaca_serve
+
+    root = Path(__file__).resolve().parents[1]
+    port = free_port()
+    serve, base = start_gaca_serve(tiny_model_path, root, port)
+    run = run_async(tmp_path, base, "max_staleness=1", "learner.lora_r=4", "iterations=3",
+                    "server.retries=1", name="died")
+    run.stdout.close()
+    stopped, error = stop_at_first_checkpoint(run, tmp_path / "died", serve, 3)
+    assert f"127.0.0.1:{port}" in error, error
+    serve, _ = start_gaca_serve(tiny_model_path, root, port)
+    try:
+        resumed = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--no-progress",
+                                  "--resume", str(tmp_path / "died")], cwd=root,
+                                 capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        serve.kill()
+        serve.wait(timeout=30)
+    rows = rows_of(tmp_path / "died")
+    assert sorted(rows) == [-1, 0, 1, 2]
+    for it in range(stopped - 1, 3):  # what the resumed run played, one version behind
+        assert {s["policy_version"] for s in steps_of(tmp_path / "died", it)} == \
+            {max(0, it - 1)}
+        assert rows[it]["probe/mean_gap"] < 1e-4

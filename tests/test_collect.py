@@ -56,6 +56,11 @@ def test_env_host_answers_each_env_for_itself():
     finally:
         host.close()
     assert host.envs == {}
+    plain = EnvHost(STALL)
+    try:  # an env without expert_action answers None, not an error
+        assert dict(plain.handle("expert", [(0, None)])) == {0: None}
+    finally:
+        plain.close()
 
 
 def test_the_pipe_loop_serves_until_close_and_closes_its_envs():
@@ -76,6 +81,24 @@ def test_the_pipe_loop_serves_until_close_and_closes_its_envs():
     parent2.close()  # the parent gone: the loop ends too
     loop2.join(timeout=10)
     assert not loop2.is_alive()
+
+
+def test_workers_start_fresh_with_the_pools_env_kwargs():
+    import collect_probe
+    import gymnasium as gym
+
+    collect_probe.MARK = 1  # this process only: spawned workers import the module anew
+    try:
+        with EnvPool(STALL, num_envs=1, num_workers=1) as pool:
+            assert pool.call("reset", [(0, (0, None))])[0][1]["mark"] == 0
+    finally:
+        collect_probe.MARK = 0
+    with EnvPool(CORRIDOR, {"split": "test"}, num_envs=1) as pool:  # not the default split
+        task = pool.call("reset", [(0, (0, {"task_id": 3}))])[0][1]["task"]
+    assert task == gym.make(CORRIDOR, split="test").reset(options={"task_id": 3})[1]["task"]
+    for bad in ({"num_envs": 0}, {"num_workers": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            EnvPool(CORRIDOR, **bad)
 
 
 def test_slots_live_in_their_own_workers():
@@ -105,6 +128,9 @@ def test_recycling_waits_and_is_not_counted_as_a_restart():
         assert not pool.draining(0)
         answer = pool.call("reset", [(0, (3, {"task_id": 3}))])[0]
         assert answer[1]["task_id"] == 3  # the new worker serves
+        pool.call("reset", [(0, (0, None)), (1, (0, None))])
+        assert pool.draining(0) and pool.draining(1)
+        assert pool.recycle_idle(set()) == 2 and pool.recycles == 3  # both, counted
 
 
 def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():
@@ -125,8 +151,9 @@ def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():
         assert pool.call("reset", [(0, (0, None))])[0][0] == "ready"
         assert pool.call("expert", [(0, None)])[0] is None  # no expert: None, not an error
         pool.call("reset", [(1, (0, None))])
-        pool.call("step", [(0, "stall"), (1, "stall")])
-        assert pool.restarts == 3  # each failure counted
+        both = pool.call("step", [(0, "stall"), (1, "stall")])
+        assert set(both) == {0, 1} and all(isinstance(f, WorkerFailure) for f in both.values())
+        assert pool.restarts == 3  # each failure counted, on its own slot
 
 
 class Scripted:
@@ -150,10 +177,10 @@ class Scripted:
         return out
 
 
-def play(policy, tasks, group_size=1, **env):
+def play(policy, tasks, group_size=1, env_id=CORRIDOR, **env):
     """The episodes of ``tasks``, envs in this process (``workers: 0``) unless asked."""
-    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
-                         **{"invalid_penalty": -0.1, "workers": 0, **env})
+    section = EnvSection(id=env_id, kwargs={} if env_id == STALL else {"split": "test"},
+                         **{"max_live_envs": 4, "invalid_penalty": -0.1, "workers": 0, **env})
     collector = Collector(section)
     try:
         return collector.run(policy, tasks, group_size)
@@ -249,10 +276,9 @@ def test_a_worker_ignores_ctrl_c_and_serves_its_pipe():
 
 
 class Streaming:
-    """A policy that answers turn by turn (the server engine's shape): each answer comes
-    back after a delay that depends on the episode, so episodes finish out of order."""
-
-    needs_expert = False
+    """A policy that answers turn by turn (the server engine's shape; it says nothing
+    about experts): each answer comes back after a delay that depends on the episode,
+    so episodes finish out of order."""
 
     def __init__(self):
         self.submitted = []
@@ -321,3 +347,150 @@ def test_rollouts_are_the_same_in_this_process_and_in_workers():
     for col in ("state_key", "action_text", "reward", "terminal", "next_state_key"):
         assert list(a.table[col]) == list(b.table[col]), col
     assert [e.length for e in a.episodes] == [e.length for e in b.episodes]
+
+
+class Probe:
+    """Plays given actions by step; answers with token ids (or none) and no NLLs."""
+
+    def __init__(self, actions, ids=True):
+        self.actions, self.ids, self.turns = actions, ids, []
+
+    def act(self, turns):
+        self.turns.extend(turns)
+        out = []
+        for t in turns:
+            action = self.actions[min(t.step, len(self.actions) - 1)]
+            out.append(ActionOutput(action.upper(), action, format_valid=t.step > 0,
+                                    prompt_ids=[1, 2, t.step] if self.ids else None,
+                                    completion_ids=[7, t.step] if self.ids else None,
+                                    logprobs=[-0.5, -1.5] if self.ids else None))
+        return out
+
+
+def test_a_plain_envs_steps_and_ends_are_recorded_as_it_said():
+    from gaca_envs.core import observation_key
+
+    rollout = play(Probe(["finish"]), [(0, 1)], env_id=STALL, invalid_penalty=0.0)
+    [ep], t = rollout.episodes, rollout.table
+    assert (ep.won, ep.score, ep.failed, ep.final_observation) == (True, 0.75, False, "done")
+    assert t["action_valid"].tolist() == [True]  # an env that says nothing: valid
+    assert t["state_key"][0] == observation_key("ready")  # no state keys: observations
+    assert t["next_state_key"][0] == observation_key("done")
+    assert t["admissible_actions"][0] == ("stall", "explode", "finish", "broken")
+    assert t["info"][0] == {"score": 0.75} and t["format_valid"].tolist() == [False]
+    assert t["prompt_ids"][0].tolist() == [1, 2, 0] and t["completion_ids"][0].tolist() == [7, 0]
+    assert t["logprobs"][0].tolist() == [-0.5, -1.5]
+    assert (t["nll"][0], t["nll_response"][0], t["nll_action"][0], t["nll_think"][0]) == \
+        (0.0, 0.0, 0.0, 0.0)  # a policy without NLLs
+    broken = play(Probe(["broken"]), [(0, 1)], env_id=STALL)
+    assert broken.episodes[0].failed and broken.episodes[0].error == "engine broke"
+    assert broken.table["info"][0] == {"error": "engine broke"}
+    assert not broken.episodes[0].won and broken.episodes[0].score == 0.0
+    failed = play(Probe(["walk forward"]), [(99, 1)])  # a reset the env refuses
+    assert failed.episodes[0].failed and "99" in failed.episodes[0].error
+    assert failed.episodes[0].length == 0
+
+
+def test_actions_code_case_blind_and_truncation_is_recorded():
+    rollout = play(Probe(["Walk Forward", "walk forward", "rest"]), [(0, 2)],
+                   env_id=CORRIDOR)
+    t = rollout.table
+    assert t["action"][0] == t["action"][1]  # the same action, whatever its case
+    assert t["truncated"][-1] and not t["terminal"][-1]  # resting until the step limit
+    assert rollout.episodes[0].length == 40 and not rollout.episodes[0].won
+
+
+def test_a_lost_episode_earns_nothing_under_the_success_reward():
+    class Contrary:  # the expert, except at doors: the other door
+        needs_expert = True
+
+        def act(self, turns):
+            out = []
+            for t in turns:
+                action = t.expert_action
+                if "door" in t.observation.lower():
+                    action = next(a for a in t.admissible_actions if a != t.expert_action)
+                out.append(ActionOutput(format_response(action), action))
+            return out
+
+    rollout = play(Contrary(), [(0, 3)], env_id="gaca/Diag-Signs-v0", reward="success",
+                   invalid_penalty=0.0)
+    [ep], t = rollout.episodes, rollout.table
+    assert t["terminal"][-1] and not ep.won and ep.score == 0.0
+    assert t["reward"].tolist() == [0.0] * len(t) and ep.total_reward == 0.0
+
+
+def test_turns_carry_the_env_family_prompt_history_and_expert_only_when_asked():
+    class NoFlags:  # a policy that says nothing about experts
+        def __init__(self):
+            self.turns = []
+
+        def act(self, turns):
+            self.turns.extend(turns)
+            return [ActionOutput(format_response("walk forward"), "walk forward")
+                    for _ in turns]
+
+    policy = NoFlags()
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=0, history_length=1,
+                         max_live_envs=2)
+    collector = Collector(section)
+    try:
+        collector.run(policy, [(0, 1)], 1)
+        assert collector.pool.expert is False
+        assert all(t.expert_action is None for t in policy.turns)  # not asked for
+        assert all(t.family == "generic" for t in policy.turns)  # Diag's prompts
+        assert collector.prompts.history_length == 1
+        text = collector.prompts.build(policy.turns[3])
+        assert policy.turns[3].history[-1][0] in text and policy.turns[3].history[0][0] \
+            not in text  # one step of history shown
+        collector.run(make_policy("expert"), [(0, 1)], 1)
+        assert collector.pool.expert is True
+    finally:
+        collector.close()
+
+
+def test_each_env_gets_its_prompt_family_or_the_users_template(tmp_path):
+    assert Collector(EnvSection(id="gaca/WebShop-v0")).family == "webshop"
+    assert Collector(EnvSection(id="gaca/ALFWorld-v0")).family == "alfworld"
+    mine = tmp_path / "mine.txt"
+    mine.write_text("{task}\n{observation}\n{actions}")
+    assert Collector(EnvSection(id=CORRIDOR, template_file=str(mine))).prompts \
+        .template_file == str(mine)
+
+
+def test_a_policy_that_answers_the_wrong_number_of_turns_stops_collection():
+    class Short:
+        needs_expert = False
+
+        def act(self, turns):
+            return [ActionOutput("x", "x")] * (len(turns) - 1)
+
+    with pytest.raises(RuntimeError, match="policy returned 1 outputs for 2 turns"):
+        play(Short(), [(0, 1), (1, 2)])
+
+
+def test_the_env_token_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GACA_ENV_TOKEN", "s3cret")
+    assert Collector(EnvSection(id=CORRIDOR)).token == "s3cret"
+    assert Collector(EnvSection(id=CORRIDOR), token="given").token == "given"
+    assert Collector(EnvSection(id=CORRIDOR), token="").token == ""
+    monkeypatch.delenv("GACA_ENV_TOKEN")
+    assert Collector(EnvSection(id=CORRIDOR)).token is None
+
+
+def test_slots_freed_together_are_refilled_and_a_failed_reset_frees_its_slot():
+    expert = make_policy("expert")
+    # two live slots, three episodes of one task: both slots free at the same step and
+    # only one episode is left to start
+    same = play(expert, [(0, 1), (0, 2), (0, 3)], max_live_envs=2)
+    assert [e.won for e in same.episodes] == [True] * 3
+    # a reset the env refuses, beside ones it takes: the others play on
+    mixed = play(expert, [(99, 1), (0, 2), (1, 3)], max_live_envs=3)
+    assert [e.failed for e in mixed.episodes] == [True, False, False]
+    assert all(e.won for e in mixed.episodes[1:]) and mixed.episodes[0].length == 0
+    assert mixed.train_rows.tolist() == list(range(len(mixed.table)))
+
+
+def test_a_rank_with_no_task_groups_returns_an_empty_rollout():
+    rollout = play(make_policy("random"), [], group_size=4)
+    assert rollout.episodes == [] and len(rollout.table) == 0

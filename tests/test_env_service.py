@@ -355,6 +355,57 @@ def test_the_pool_sends_its_token_and_counts_every_server_back():
             s.stop()
 
 
+def test_the_pool_plays_what_the_env_section_asks_for():
+    from gaca_agent.collect.pools import make_pool
+    from gaca_agent.config import EnvSection
+
+    server = InProcess(token="k")
+    local = gym.make(CORRIDOR, split="train")
+    try:
+        pool = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "train"}, max_live_envs=2,
+                                    servers=(server.url,), timeout_s=7), token="k")
+        try:
+            assert (pool.env_id, pool.env_kwargs, pool.timeout_s, pool.token) == \
+                (CORRIDOR, {"split": "train"}, 7, "k")
+            assert (pool.restarts, pool.recycles, pool.expert) == (0, 0, False)
+            pool.expert = True
+            obs, info = pool.call("reset", [(0, (5, None))])[0]  # the task drawn by seed 5
+            lobs, linfo = local.reset(seed=5)
+            assert (obs, info["task_id"], info["state_key"]) == \
+                (lobs, linfo["task_id"], linfo["state_key"])
+            assert pool._envs[0].unwrapped.state()["num_tasks"] == 48  # the train split
+            expert = pool.call("expert", [(0, None)])[0]
+            assert expert == local.unwrapped.expert_action() and expert
+            stepped = pool.call("step", [(0, expert)])[0]
+            assert stepped[4]["action_valid"] and stepped[:4] == local.step(expert)[:4]
+        finally:
+            pool.close()
+    finally:
+        server.stop()
+        local.close()
+
+
+def test_a_health_check_of_a_silent_server_is_bounded():
+    import socket
+
+    from gaca_agent.collect.remote_pool import RemotePool
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections, never answers
+    a = InProcess()
+    pool = RemotePool([a.url], CORRIDOR, {"split": "test"})
+    try:
+        pool.servers[0] = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.monotonic()
+        assert pool._healthy(0) is False
+        assert time.monotonic() - t0 < 15  # the 5 s bound, not for ever
+    finally:
+        pool.close()
+        a.stop()
+        listener.close()
+
+
 def test_the_pool_stops_when_every_server_stays_down(monkeypatch):
     from gaca_agent.collect import remote_pool
     from gaca_agent.collect.remote_pool import RemotePool

@@ -127,6 +127,8 @@ def test_record_is_the_episode_file_row():
                  "entropy": 0.5, "advantage": 0.5, "info": {"score": 2}}
     second = t.record(1, tokens=True)
     assert second["terminated"] is True and second["truncated"] is True
+    versions = table_of([row(0, policy_version=0), row(1, policy_version=3), row(2)])
+    assert [versions.record(i).get("policy_version") for i in range(3)] == [0, 3, None]
     assert second["entropy"] is None and "advantage" not in second and "weight" not in second
     assert second["prompt_ids"] == [0, 1, 2, 3] and second["response_ids"] == [103] * 5
     assert second["logprobs"] == pytest.approx([-0.4] * 5)
