@@ -37,7 +37,7 @@ class InProcess:
         app = build_app(self.settings, **build)
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+                                                    log_level="warning", interface="asgi3"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30

@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(OpenEnv: /ws /reset /step /state /health /schema /metadata; /sessions)",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                ws_max_size=args.max_request_bytes)
+                ws_max_size=args.max_request_bytes, interface="asgi3")
     return 0
 
 
