@@ -400,7 +400,7 @@ if __name__ == "__main__":
 """
 
 
-def run_async(tmp_path, base, *extra, name="async"):
+def run_async(tmp_path, base, *extra, name="async", stdout=None, cli=False):
     import subprocess
     import sys
     from pathlib import Path
@@ -414,8 +414,12 @@ def run_async(tmp_path, base, *extra, name="async"):
             "warmup.bc_steps=10", "keep_rollouts=tokens", f"out_dir={tmp_path}",
             f"name={name}", "model.engine=server", f"server.base_url={base}",
             "server.model=tiny", *extra]
-    return subprocess.Popen([sys.executable, str(script), *args], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, str(script)]
+    if cli:  # through gaca-train itself: its one-line errors
+        command = [sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", "--config",
+                   "default"]
+    return subprocess.Popen([*command, *args], cwd=root,
+                            stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def rows_of(run_dir):
@@ -514,8 +518,8 @@ def test_an_asynchronous_run_stops_in_one_line_when_its_server_dies_and_resumes(
     port = free_port()
     serve, base = start_gaca_serve(tiny_model_path, root, port)
     run = run_async(tmp_path, base, "max_staleness=1", "learner.lora_r=4", "iterations=3",
-                    "server.retries=1", name="died")
-    run.stdout.close()
+                    "server.retries=1", name="died", stdout=subprocess.DEVNULL,
+                    cli=True)
     stopped, error = stop_at_first_checkpoint(run, tmp_path / "died", serve, 3)
     assert f"127.0.0.1:{port}" in error, error
     serve, _ = start_gaca_serve(tiny_model_path, root, port)

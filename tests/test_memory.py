@@ -95,8 +95,9 @@ def test_rollout_logprobs_are_memory_bounded_and_exact(tmp_path):
 def test_gpu_check_smoke_version_runs_on_cpu():
     """The prepared GPU check (scripts/gpu_check.sh) in its small CPU form: both engines
     generate, both learner modes update, an lr 1e-6 step changes the fp32 masters
-    where bf16 weights would mostly not have moved, and one full-fine-tuning iteration
-    through a gaca-serve (weights from disk, probed before and after) runs."""
+    where bf16 weights would mostly not have moved, one full-fine-tuning iteration
+    through a gaca-serve (weights from disk, probed before and after) runs, and the
+    asynchronous check broadcasts full weights that the server's checksums match."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -108,7 +109,11 @@ def test_gpu_check_smoke_version_runs_on_cpu():
     checks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     kinds = [c["check"] for c in checks]
     assert kinds == ["setup", "rollout", "rollout", "learner", "small_steps", "learner",
-                     "server", "server", "server", "server", "done"]
+                     "server", "server", "server", "server", "async", "async", "done"]
+    broadcast, overlap = [c for c in checks if c["check"] == "async"]
+    assert broadcast["step"] == "broadcast" and broadcast["checksums_equal"] is True
+    assert broadcast["probe_mean_gap"] < 0.05 and broadcast["gb"] > 0
+    assert overlap["step"] == "overlap" and overlap["overlapped_s"] > 0
     server = [c for c in checks if c["check"] == "server"]
     assert [c["step"] for c in server] == ["sync v0", "rollout", "update", "sync v1"]
     assert all(max(c["probe_mean_gap"].values()) < 0.05 for c in server[::3])

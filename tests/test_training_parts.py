@@ -208,7 +208,8 @@ def weight_sync(tmp_path, lora, kind="vllm", temperatures=(1.0, 0.4), served=Non
     scores = scores or {1.0: [-1.0, -2.0, -3.0], 0.4: [-0.5, -0.5, -0.5]}
     learner = FakeLearner(lora, scores)
     engine = FakeServer(kind, served or scores, **server)
-    section = SimpleNamespace(sync_dtype="bfloat16", probe_tokens=3, probe_tolerance=0.05)
+    section = SimpleNamespace(sync_dtype="bfloat16", probe_tokens=3, probe_tolerance=0.05,
+                              weight_transfer="disk")
     return WeightSync(learner, engine, tmp_path, "run", section, *temperatures), learner, engine
 
 
