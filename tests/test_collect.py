@@ -494,3 +494,36 @@ def test_slots_freed_together_are_refilled_and_a_failed_reset_frees_its_slot():
 def test_a_rank_with_no_task_groups_returns_an_empty_rollout():
     rollout = play(make_policy("random"), [], group_size=4)
     assert rollout.episodes == [] and len(rollout.table) == 0
+
+
+def test_each_step_records_the_weight_version_that_sampled_it():
+    """Turns carry the version their episode is pinned to; a step's policy_version is the
+    policy's own word when it gives one, else the pinned version, else -1 (unknown), and
+    the rows handed out as episodes end say the same (without the key when unknown)."""
+    class Versioned:  # the expert; reports version 7 on odd steps
+        needs_expert = True
+
+        def __init__(self):
+            self.turns = []
+
+        def act(self, turns):
+            self.turns.extend(turns)
+            return [ActionOutput(format_response(t.expert_action), t.expert_action,
+                                 extra={"policy_version": 7} if t.step % 2 else {})
+                    for t in turns]
+
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=0, max_live_envs=2)
+    collector = Collector(section)
+    try:
+        for pinned in (3, None):
+            policy, rows = Versioned(), []
+            rollout = collector.run(policy, [(0, 1), (1, 2)], 2, version=pinned,
+                                    on_episode=lambda ep, r: rows.extend(r))
+            t = rollout.table
+            base = -1 if pinned is None else pinned
+            assert t["policy_version"].tolist() == [7 if s % 2 else base for s in t["t"]]
+            assert {turn.version for turn in policy.turns} == {pinned}
+            assert sorted(r.get("policy_version", -1) for r in rows) == \
+                sorted(t["policy_version"].tolist())
+    finally:
+        collector.close()
