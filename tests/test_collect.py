@@ -52,7 +52,7 @@ def test_env_host_answers_each_env_for_itself():
                    for a in unknown.values())
         drawn = dict(host.handle("reset", [(7, (11, None))]))[7]  # the seed draws the task
         assert drawn[1]["task_id"] == fresh.reset(seed=11)[1]["task_id"]
-        assert sorted(host.envs) == [0, 1, 3, 7]
+        assert sorted(host.envs) == [0, 3, 7]  # env 1's reset failed: it is made anew
     finally:
         host.close()
     assert host.envs == {}
@@ -489,6 +489,29 @@ def test_slots_freed_together_are_refilled_and_a_failed_reset_frees_its_slot():
     assert [e.failed for e in mixed.episodes] == [True, False, False]
     assert all(e.won for e in mixed.episodes[1:]) and mixed.episodes[0].length == 0
     assert mixed.train_rows.tolist() == list(range(len(mixed.table)))
+    # one slot whose reset fails: no episode is live that round, the queue still plays
+    alone = play(expert, [(99, 1), (0, 2)], max_live_envs=1)
+    assert [(e.failed, e.won) for e in alone.episodes] == [(True, False), (False, True)]
+
+
+def test_close_stops_the_workers_and_the_collector_plays_again():
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=1, max_live_envs=1)
+    collector = Collector(section)
+    try:
+        first = collector.run(make_policy("expert"), [(0, 1)])
+        [pid] = collector.pool.pids()
+        collector.close()
+        with pytest.raises(ProcessLookupError):  # reaped, not left running
+            os.kill(pid, 0)
+        again = collector.run(make_policy("expert"), [(0, 1)])  # a fresh pool
+        assert collector.pool.pids() != [pid]
+        assert again.table["reward"].tolist() == first.table["reward"].tolist()
+    finally:
+        collector.close()
+        collector.close()  # twice is harmless
+    one = LocalPool(CORRIDOR, {"split": "test"}, num_envs=1)
+    assert one.call("reset", [(0, (0, None))])[0][1]["task_id"] >= 0
+    one.close()
 
 
 def test_a_rank_with_no_task_groups_returns_an_empty_rollout():

@@ -156,6 +156,8 @@ def test_session_errors_name_the_problem_and_the_session_goes_on(served):
             env.reset(seed=1, options={"task_id": 99})
         obs, info = env.reset(seed=1, options={"task_id": 3})
         assert info["task_id"] == 3
+        step = env.step(info["admissible_actions"][0])  # the episode after a failed reset
+        assert step[4]["action_valid"] is True
     finally:
         env.close()
     train = gym.make("gaca/Remote-v0", url=served.url, env_kwargs={"split": "train"},

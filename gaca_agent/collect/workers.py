@@ -52,7 +52,13 @@ class EnvHost:
 
     def reset(self, i: int, arg: tuple[int | None, dict | None]):
         seed, options = arg
-        return self.env(i).reset(seed=seed, options=options)
+        try:
+            return self.env(i).reset(seed=seed, options=options)
+        except Exception:
+            # a reset that raised can leave the env half set up (gymnasium's checker then
+            # fails the next episode's first step): the slot's next reset makes a new one
+            self.envs.pop(i).close()
+            raise
 
     def step(self, i: int, action: str):
         return self.env(i).step(action)

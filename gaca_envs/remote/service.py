@@ -161,7 +161,13 @@ class _Session:
         self._ensure(env_kwargs)
         self._expert = bool(expert)
         with self.engine_lock:
-            obs, info = self._env.reset(seed=seed, options=options)
+            try:
+                obs, info = self._env.reset(seed=seed, options=options)
+            except Exception:
+                # a reset that raised can leave the env half set up: the next makes a new one
+                env, self._env = self._env, None
+                env.close()
+                raise
             self._state.episode_id = episode_id
             self._state.step_count = 0
             return self._observe(obs, None, False, False, info)
