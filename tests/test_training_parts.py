@@ -62,6 +62,9 @@ def test_a_short_run_logs_what_its_rollouts_hold(tmp_path, fresh_accelerate):
     final = json.loads((run / "final_eval" / "results.json").read_text())
     assert final["n"] == 6  # the last iteration's held-out episodes, played again
     assert final["success_rate"] == pytest.approx(rows[1]["eval/success"])
+    played = [json.loads(x) for x in (run / "final_eval" / "episodes.jsonl").open()]
+    assert [e["index"] for e in played] == list(range(6))  # as gaca-eval writes them
+    assert json.loads((run / "final_eval" / "config.json").read_text())["policy"] == "trained"
     report = [json.loads(x) for x in (run / "train_episodes.jsonl").open()]
     assert [e["task_id"] for e in report[::2]] == [t for t, _ in iteration_tasks(cfg, 1, 48)]
 

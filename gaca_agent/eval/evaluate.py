@@ -225,6 +225,19 @@ def eval_policy_kwargs(policy_spec: str, policy_kwargs: dict | None) -> dict:
     return {**defaults, **(policy_kwargs or {})}
 
 
+def write_evaluation(out: Path, records: dict[int, dict], meta: dict, policy_spec: str,
+                     env_id: str) -> dict[str, Any]:
+    """A complete evaluation played elsewhere (gaca-train's final one) written as gaca-eval
+    writes its own: ``config.json``, ``episodes.jsonl`` (by index), ``results.json`` and
+    ``report.html``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(meta, indent=2))
+    with open(out / "episodes.jsonl", "w") as f:
+        for index in sorted(records):
+            f.write(json.dumps(records[index]) + "\n")
+    return write_results(out, records, meta, policy_spec, env_id, complete=True)
+
+
 def write_results(out: Path, records, meta, policy_spec: str, env_id: str,
                   complete: bool) -> dict[str, Any]:
     """``results.json`` and ``report.html`` over the episode ``records`` (index -> record)."""

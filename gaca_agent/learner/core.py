@@ -47,7 +47,7 @@ from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_row
 from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
 from gaca_agent.learner.fsdp import clip_grad_norm, fsdp_modules, full_state, shard
-from gaca_agent.learner.losses import aggregate, kl_penalty, policy_loss
+from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss
 
 class Learner:
     """PPO-clip learner over a transformers causal LM, distributed with accelerate."""
@@ -313,7 +313,7 @@ class Learner:
         want_entropy = cfg.entropy_coef > 0 or cfg.log_entropy
         logp, ent = self._logprobs(self.model, batch, want_entropy)
         mask = batch["mask"]
-        loss, clip_frac = policy_loss("ppo_clip")(
+        loss, clip_frac = ppo_clip_loss(
             logp, batch["old"], batch["adv"], mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg,
             denom, cfg.clip_ratio_c, batch["isw"] if cfg.correction.weighted else None)
         n_tok = float(mask.sum())

@@ -4,9 +4,10 @@ Shapes: B sequences x T completion tokens. ``mask`` is 1 on a step's response to
 (0 on padding and on tokens after the first EOS); ``adv`` is (B,) and broadcast to the
 tokens of its sequence (a step's advantage covers its whole response).
 
-Policy losses and KL estimators are registered by name (:data:`POLICY_LOSSES`,
-:data:`KL_ESTIMATORS`, as verl's ``core_algos``): the learner looks its loss up, so a new
-one is a function here and a ``@register`` line.
+KL estimators are registered by name (:data:`KL_ESTIMATORS`, as verl's ``core_algos``):
+``learner.kl_kind`` selects one, so a new one is a function here and a ``@register`` line.
+The policy loss is one function, :func:`ppo_clip_loss` (the decoupled objective's
+importance weights come in as ``isw``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import torch
 
 from gaca_agent.learner.config import Agg, KLKind
 
-#: Policy losses by name: (logp, old_logp, adv, mask, ...) -> (loss, clip fraction).
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 #: Per-token KL estimators by name: (logp, ref_logp) -> per-token KL.
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
 
@@ -37,11 +36,6 @@ def lookup(table: dict, name: str, what: str):
         return table[name]
     except KeyError:
         raise ValueError(f"unknown {what} {name!r}; registered: {sorted(table)}") from None
-
-
-def policy_loss(name: str):
-    """The registered policy loss ``name``."""
-    return lookup(POLICY_LOSSES, name, "policy loss")
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Agg,
@@ -63,7 +57,6 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Agg,
     raise ValueError(f"loss aggregation must be token-mean or seq-mean-token-mean, got {mode!r}")
 
 
-@register(POLICY_LOSSES, "ppo_clip")
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                   mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
                   agg: Agg = "token-mean", denominator: float | None = None,

@@ -296,7 +296,7 @@ def _finish(run: Run) -> None:
     episodes; the main process writes ``final_eval/``)."""
     from accelerate.utils import gather_object
 
-    from gaca_agent.eval.evaluate import plan, write_results
+    from gaca_agent.eval.evaluate import plan, write_evaluation
 
     cfg, learner, run_dir, n_eval = run.cfg, run.learner, run.run_dir, run.n_eval
     acc = learner.accelerator
@@ -315,14 +315,10 @@ def _finish(run: Run) -> None:
     if acc.is_main_process:
         write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
             {"digests": digests, "in_sync": len(set(digests)) == 1}))
-        out = run_dir / "final_eval"
-        out.mkdir(parents=True, exist_ok=True)
         meta = {"env": cfg.env.id, "env_kwargs": dict(cfg.env.eval_kwargs), "policy": "trained",
                 "episodes": str(cfg.env.eval_episodes), "seed": EVAL_SEED}
-        with open(out / "episodes.jsonl", "w") as f:
-            for record in sorted(records, key=lambda r: r["index"]):
-                f.write(json.dumps(record) + "\n")
-        write_results(out, {r["index"]: r for r in records}, meta, "trained", cfg.env.id, True)
+        write_evaluation(run_dir / "final_eval", {r["index"]: r for r in records}, meta,
+                         "trained", cfg.env.id)
         try:
             from gaca_agent.runs.plots import plot_run
 
