@@ -376,7 +376,7 @@ def test_a_plain_envs_steps_and_ends_are_recorded_as_it_said():
     assert t["action_valid"].tolist() == [True]  # an env that says nothing: valid
     assert t["state_key"][0] == observation_key("ready")  # no state keys: observations
     assert t["next_state_key"][0] == observation_key("done")
-    assert t["admissible_actions"][0] == ("stall", "explode", "finish", "broken")
+    assert t["admissible_actions"][0] == ("stall", "explode", "finish", "lose", "broken")
     assert t["info"][0] == {"score": 0.75} and t["format_valid"].tolist() == [False]
     assert t["prompt_ids"][0].tolist() == [1, 2, 0] and t["completion_ids"][0].tolist() == [7, 0]
     assert t["logprobs"][0].tolist() == [-0.5, -1.5]
@@ -389,6 +389,16 @@ def test_a_plain_envs_steps_and_ends_are_recorded_as_it_said():
     failed = play(Probe(["walk forward"]), [(99, 1)])  # a reset the env refuses
     assert failed.episodes[0].failed and "99" in failed.episodes[0].error
     assert failed.episodes[0].length == 0
+
+
+def test_the_reward_is_the_envs_own_or_success_as_the_section_says():
+    for action, env_reward, success in (("lose", 0.5, 0.0), ("finish", 1.0, 1.0)):
+        for mode, expected in (("env", env_reward), ("success", success)):
+            rollout = play(Probe([action]), [(0, 1)], env_id=STALL, invalid_penalty=0.0,
+                           reward=mode, reward_scale=10)
+            assert rollout.table["reward"].tolist() == [10 * expected], (action, mode)
+            assert rollout.episodes[0].total_reward == 10 * expected
+            assert rollout.episodes[0].won is (action == "finish")
 
 
 def test_actions_code_case_blind_and_truncation_is_recorded():

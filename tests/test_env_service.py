@@ -36,8 +36,9 @@ class InProcess:
         self.settings = ServeSettings(env_id, dict(env_kwargs or {"split": "test"}))
         app = build_app(self.settings, **build)
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", interface="asgi3"))
+        self.server = uvicorn.Server(uvicorn.Config(lambda: app, factory=True, host="127.0.0.1",
+                                                    port=self.port, log_level="warning",
+                                                    interface="asgi3"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30

@@ -387,8 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gaca-env-serve: {args.env_id} {kwargs} on http://{args.host}:{args.port} "
           f"(OpenEnv: /ws /reset /step /state /health /schema /metadata; /sessions)",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                ws_max_size=args.max_request_bytes, interface="asgi3")
+    # handed over by a factory: uvicorn calls the object it gets once, to detect a factory,
+    # and an app whose __call__ is wrapped (a tracer, mutmut) answers that call
+    uvicorn.run(lambda: app, factory=True, host=args.host, port=args.port,
+                log_level="warning", ws_max_size=args.max_request_bytes, interface="asgi3")
     return 0
 
 
