@@ -383,6 +383,23 @@ def test_gaca_serve_holds_or_refuses_requests_while_paused(tiny_model_path):
         assert post_json(root + "/v1/chat/completions", body, retries=0)["choices"]
         with pytest.raises(ServerRefused, match="mode must be"):
             post_json(root + "/pause_generation", {"mode": "later"}, retries=0)
+        for hold in ("retract", "in_place"):  # SGLang's holding modes
+            assert post_json(root + "/pause_generation", {"mode": hold}, retries=0) == \
+                {"success": True, "message": "paused"}
+            held = []
+            t = threading.Thread(target=lambda: held.append(
+                post_json(root + "/v1/chat/completions", body, retries=0)))
+            t.start()
+            time.sleep(0.3)
+            assert not held and get_json(root + "/is_paused", retries=0)["is_paused"]
+            post_json(root + "/continue_generation", None, retries=0)
+            t.join(timeout=30)
+            assert held and held[0]["choices"]
+        post_json(root + "/pause_generation", None, retries=0)  # SGLang's default: abort
+        with pytest.raises(ServerRefused) as err:
+            post_json(root + "/v1/chat/completions", body, retries=0)
+        assert err.value.status == 503
+        assert post_json(root + "/resume", None, retries=0) == {"status": "resumed"}
     finally:
         server.shutdown()
         server.server_close()

@@ -273,3 +273,48 @@ def test_the_batcher_refuses_a_full_queue_skips_cancelled_jobs_and_reports_error
     with pytest.raises(APIError) as err:
         b.submit(job("base", 1))
     assert err.value.status == 503 and "stopped" in err.value.message
+
+
+def test_pausing_keeps_waits_for_or_aborts_the_work_as_asked():
+    """keep holds queued work until resume; wait returns once the work taken is done and
+    refuses new work; abort answers the queued jobs with 503 at once; any other mode is
+    refused by name. No batch starts while paused."""
+    from gaca_agent.serving.batcher import Batcher
+    from gaca_agent.serving.weights import Weights
+
+    engine, adapters = FakeEngine(), FakeAdapters()
+    weights = Weights(engine, adapters)
+    b = Batcher(engine, adapters, max_queue=8, max_rows=1, running=weights.running)
+    try:
+        with pytest.raises(APIError) as err:
+            weights.pause("later", b)
+        assert (err.value.status, err.value.param) == (400, "mode")
+        assert not weights.paused and not weights.refusing
+        weights.pause("keep", b)
+        assert weights.paused and not weights.refusing  # new requests are held, not refused
+        held = job("base", 1)
+        b.submit(held)
+        time.sleep(0.3)
+        assert held.events.empty() and engine.batches == []
+        weights.resume()
+        assert result(held) == ("done", [("out", (1,))]) and not weights.paused
+        engine.hold.clear()
+        taken = job("base", 2)
+        b.submit(taken)
+        time.sleep(0.2)  # in the engine
+        threading.Timer(0.5, engine.hold.set).start()
+        t0 = time.monotonic()
+        weights.pause("wait", b)
+        assert time.monotonic() - t0 >= 0.3 and b.idle()  # returned when it was done
+        assert result(taken)[0] == "done" and weights.refusing
+        weights.resume()
+        weights.pause("abort", b)
+        queued = job("base", 3)
+        b.submit(queued)
+        weights.pause("abort", b)  # answers what is queued now
+        kind, error = result(queued)
+        assert kind == "error" and error.status == 503 and "paused" in error.message
+        assert weights.refusing and engine.batches[-1] == [(2,)]
+    finally:
+        weights.resume()
+        b.close()
