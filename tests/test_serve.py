@@ -141,6 +141,43 @@ def test_stream_adds_up_to_the_same_completion(served):
     assert usage.prompt_tokens == plain.usage.prompt_tokens
 
 
+def test_a_raw_stream_is_server_sent_events_with_the_role_first_and_token_ids(served):
+    """What clients other than openai's read: the event-stream headers, a first chunk
+    with each choice's role (and the prompt's ids), token ids and log-probs per chunk that
+    add up to the plain response's, a finish reason per choice, then [DONE]."""
+    ask = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8, "n": 2, "seed": 3,
+           "logprobs": True, "return_token_ids": True, "stop": ["e"]}
+    status, plain = served.post("/chat/completions", ask)
+    assert status == 200
+    plain = json.loads(plain)
+    request = urllib.request.Request(served.base + "/chat/completions",
+                                     json.dumps({**ask, "stream": True}).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        assert resp.headers["Cache-Control"] == "no-cache"
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    first = chunks[0]
+    assert first["prompt_token_ids"] == plain["prompt_token_ids"]
+    assert [c["delta"] for c in first["choices"]] == [{"role": "assistant", "content": ""}] * 2
+    text, ids, lps, finish = ["", ""], [[], []], [[], []], [None, None]
+    for chunk in chunks[1:]:
+        assert chunk["model"] == "tiny" and "prompt_token_ids" not in chunk
+        for c in chunk["choices"]:
+            i = c["index"]
+            text[i] += c["delta"].get("content", "")
+            ids[i] += c.get("token_ids", [])
+            lps[i] += [e["logprob"] for e in (c["logprobs"] or {"content": []})["content"]]
+            if c["finish_reason"]:
+                finish[i] = c["finish_reason"]
+    for i, c in enumerate(plain["choices"]):
+        assert text[i] == c["message"]["content"] and finish[i] == c["finish_reason"]
+        assert ids[i] == c["token_ids"]
+        assert lps[i] == [e["logprob"] for e in c["logprobs"]["content"]]
+
+
 def test_n_and_seed(served):
     r = chat(served, n=2, seed=11, max_tokens=10)
     assert [c.index for c in r.choices] == [0, 1]
