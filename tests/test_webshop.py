@@ -48,6 +48,11 @@ def test_reward_perfect_and_price_component():
     score, info = get_reward(product(), goal(), price=11.98, options={"color": "teal"})
     assert score == 1.0 and info["r_type"] == 1.0 and info["r_att"] == 1.0
     assert info["r_option"] == 1.0 and info["r_price"] is True
+    # each part's weight: its share of the denominator (1 attribute, 1 option, the price)
+    assert info["w_att"] == info["w_option"] == info["w_price"] == pytest.approx(1 / 3)
+    _, two = get_reward(product(), goal(attributes=["stainless steel", "quick release"]),
+                        11.98, {"color": "teal"})
+    assert (two["w_att"], two["w_option"], two["w_price"]) == pytest.approx((0.5, 0.25, 0.25))
     score, info = get_reward(product(), goal(), price=25.0, options={"color": "teal"})
     assert score == pytest.approx(2 / 3) and info["r_price"] is False  # (1 + 1 + 0) / 3
 
@@ -81,6 +86,10 @@ def test_fuzzy_threshold_is_85_and_the_price_limit_inclusive():
         assert 50 < fuzz.token_set_ratio(goal_attr, p["Attributes"][0 if "quick" in goal_attr else 1]) <= 85
         assert attribute_matches(p, [goal_attr]) == 0
     assert fuzz.token_set_ratio("quick releases", "quick release") > 85
+    assert fuzz.token_set_ratio("release waist", "release water") == 85  # not above it
+    assert attribute_matches(product(Attributes=["release water"], Title="Band",
+                                     BulletPoints=["x"], Description="y"),
+                             ["release waist"]) == 0
     assert attribute_matches(p, ["quick releases"]) == 1
     assert option_matches(["quick release"], ["quick dry"]) == 0  # ratio 71
     assert option_matches(["x-large size"], ["x-large sizes"]) == 1  # ratio > 85
@@ -128,6 +137,14 @@ def test_reward_type_component():
                    name="Acme Green Tea")
     info = type_reward(weak, goal())
     assert 0.1 <= info["title_score"] <= 0.2 and info["r_type"] == 0.5
+    # the same title with the goal's query: the query alone keeps 1.0
+    assert type_reward(product(query="watch bands", product_category="Grocery › Tea",
+                               name="Acme Green Tea"), goal())["r_type"] == 1.0
+    # one shared noun of more than ten (title score below 0.1): 0.1
+    many = goal(name="Acme Teal Silicone Watch Band Strap Buckle Loop Case Cover Charger "
+                     "Cable Stand")
+    info = type_reward(unrelated | {"name": "Organic Green Charger"}, many)
+    assert 0.0 < info["title_score"] < 0.1 and info["r_type"] == 0.1
 
 
 def test_expert_scores_one_on_50_generated_test_goals(env):
