@@ -178,6 +178,34 @@ def test_a_raw_stream_is_server_sent_events_with_the_role_first_and_token_ids(se
         assert lps[i] == [e["logprob"] for e in c["logprobs"]["content"]]
 
 
+def test_a_request_fits_the_context_or_is_refused_by_name(served, monkeypatch):
+    """max_tokens may fill the context exactly; unset, it is the server's cap or the room
+    left; a prompt that leaves no room, or max_tokens past it, is a 400 naming which."""
+    from gaca_agent.serving.protocol import APIError, parse_chat
+
+    def ask(**extra):
+        return served.model.requests(parse_chat({"model": "tiny", "messages": MESSAGES,
+                                                 **extra}))
+
+    n = len(served.model.prompt_ids(parse_chat({"model": "tiny",
+                                                "messages": MESSAGES}).messages))
+    assert [r.max_new_tokens for r in ask(n=2)] == [16, 16]  # the server's cap
+    monkeypatch.setattr(served.model, "context", n + 3)
+    assert ask()[0].max_new_tokens == 3 and ask(max_tokens=3)[0].max_new_tokens == 3
+    assert ask()[0].prompt_ids == tuple(served.model.prompt_ids(
+        parse_chat({"model": "tiny", "messages": MESSAGES}).messages))
+    with pytest.raises(APIError) as err:
+        ask(max_tokens=4)
+    assert (err.value.status, err.value.param) == (400, "max_tokens")
+    monkeypatch.setattr(served.model, "context", n + 1)
+    assert ask()[0].max_new_tokens == 1  # one token of room is room
+    monkeypatch.setattr(served.model, "context", n)
+    with pytest.raises(APIError) as err:
+        ask(max_tokens=1)
+    assert (err.value.status, err.value.param, err.value.code) == \
+        (400, "messages", "context_length_exceeded")
+
+
 def test_n_and_seed(served):
     r = chat(served, n=2, seed=11, max_tokens=10)
     assert [c.index for c in r.choices] == [0, 1]
