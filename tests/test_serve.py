@@ -515,3 +515,30 @@ def test_two_hundred_clients_connecting_at_once_are_all_answered(served):
     for t in threads:
         t.join()
     assert not failures, (len(failures), failures[:3])
+
+
+def test_weights_that_do_not_fit_are_refused_and_nothing_changes(served, tmp_path):
+    """A full-weight load names the first tensor that does not fit (unknown or another
+    shape) under the parameter it came in, and leaves every served weight as it was; a
+    version label must be a non-empty string; a folder without safetensors is refused."""
+    import torch
+
+    from gaca_agent.serving.protocol import APIError
+
+    weights = served.model.weights
+    before = weights.checksums()
+    name, tensor = next(iter(served.model.engine.model.state_dict().items()))
+    for named in ([(name, torch.zeros_like(tensor)), ("lm_head.extra", torch.zeros(2))],
+                  [(name, torch.zeros(tensor.numel() + 1))]):
+        with pytest.raises(APIError) as err:
+            weights.load(named, "names")
+        bad = named[-1][0]
+        assert (err.value.status, err.value.param) == (400, "names") and bad in err.value.message
+        assert weights.checksums() == before
+    with pytest.raises(APIError) as err:
+        weights.reload(str(tmp_path))
+    assert (err.value.status, err.value.param) == (400, "weights_path")
+    for label in ("", 3, None):
+        with pytest.raises(APIError) as err:
+            weights.set_version(label)
+        assert (err.value.status, err.value.param) == (400, "new_version")
