@@ -263,8 +263,8 @@ def classify(area: str, work: Path) -> list[dict]:
         funcs = functions(source_path)
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in sorted(codes.items()):
-            if sample is not None and name not in sample:
-                continue
+            if sample is not None and (name not in sample or code is None):
+                continue  # outside the sample, or not run yet (a stopped run)
             local = name.rsplit(".", 1)[1]
             base = local.rsplit("__mutmut_", 1)[0]
             status = STATUS.get(code, "suspicious")
@@ -303,7 +303,8 @@ def write_report(work_root: Path, sums: list[dict]) -> Path:
              "| area | mutants | message text | equivalent | meaningful | caught | score |",
              "|---|---|---|---|---|---|---|"]
     for s in sums:
-        sampled = f" ({s['sample_percent']:g}% sample)" if "sample_percent" in s else ""
+        sampled = (f" ({s['sample_percent']:g}% sample: {s['mutants']} of its "
+                   f"{s['sample_size']} run)" if "sample_percent" in s else "")
         lines.append(f"| {s['area']}{sampled} | {s['mutants']} | {s['message_text']} | "
                      f"{s['equivalent']} | {s['meaningful']} | {s['caught']} | "
                      f"{100 * s['score']:.1f}% |")
@@ -359,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(log: {log})", flush=True)
         s = summary(area, classify(area, work))
         if (work / "sample.json").exists():
-            s["sample_percent"] = json.loads((work / "sample.json").read_text())["percent"]
+            sampled = json.loads((work / "sample.json").read_text())
+            s["sample_percent"] = sampled["percent"]
+            s["sample_size"] = len(sampled["mutants"])
         print(f"{area}: {s['caught']}/{s['meaningful']} meaningful mutants caught "
               f"({100 * s['score']:.1f}%); {s['message_text']} message text, "
               f"{s['equivalent']} equivalent", flush=True)
