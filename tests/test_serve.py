@@ -76,7 +76,9 @@ def teacher_forced(model, prompt_ids, completion_ids, temperature):
 
 
 def test_plain_request_with_exact_usage(served):
-    assert [m.id for m in served.client.models.list().data] == ["tiny"]
+    [listed] = served.client.models.list().data
+    assert (listed.id, listed.object, listed.owned_by) == ("tiny", "model", "gaca")
+    assert listed.model_extra == {"root": "tiny", "parent": None} and listed.created > 0
     r = chat(served, seed=1, extra_body={"return_token_ids": True})
     choice = r.choices[0]
     assert r.model == "tiny" and r.object == "chat.completion" and len(r.choices) == 1
@@ -365,6 +367,7 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
     try:
         models = {m.id: m.model_extra for m in served.client.models.list().data}
         assert models["v1"]["parent"] == "tiny" and models["v1"]["root"] == str(tmp_path / "v1")
+        assert {m.object for m in served.client.models.list().data} == {"model"}
         r = served.client.chat.completions.create(
             model="v1", messages=MESSAGES, max_tokens=12, seed=2, logprobs=True,
             extra_body={"return_token_ids": True})
