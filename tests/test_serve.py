@@ -384,6 +384,22 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
                                                   "lora_path": str(tmp_path / "v1")})[0] == 400
         assert served.post("/load_lora_adapter", {"lora_name": "v2",
                                                   "lora_path": str(tmp_path)})[0] == 400
+        # new weights under the same name, in place (SGLang's load_inplace), asked for in
+        # SGLang's BASE:ADAPTER form
+        torch.manual_seed(1)
+        newer = get_peft_model(AutoModelForCausalLM.from_pretrained(
+            served.model.engine.model.base_model.model.name_or_path),
+            LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+        newer.save_pretrained(tmp_path / "v1b")
+        assert served.post("/load_lora_adapter", {"lora_name": "v1", "load_inplace": True,
+                                                  "lora_path": str(tmp_path / "v1b")})[0] == 200
+        r = served.client.chat.completions.create(
+            model="tiny:v1", messages=MESSAGES, max_tokens=12, seed=2, logprobs=True,
+            extra_body={"return_token_ids": True})
+        ref = teacher_forced(newer.eval(), r.model_extra["prompt_token_ids"],
+                             r.choices[0].model_extra["token_ids"], 1.0)
+        assert [e.logprob for e in r.choices[0].logprobs.content] == pytest.approx(ref,
+                                                                                  abs=1e-4)
     finally:
         code, text = served.post("/unload_lora_adapter", {"lora_name": "v1"})
     assert (code, text) == (200, "Success: LoRA adapter 'v1' removed successfully.")
