@@ -215,6 +215,10 @@ def test_n_and_seed(served):
     assert texts[0] != texts[1]  # two samples, not one copied
     assert [c.message.content for c in chat(served, n=2, seed=11, max_tokens=10).choices] == \
         texts  # same seed, same answers
+    # the other choices depend on the seed too, not on their index alone
+    other = [chat(served, n=2, seed=seed, max_tokens=10).choices[1].message.content
+             for seed in (12, 13)]
+    assert len({texts[1], *other}) == 3
     # a longer max_tokens continues the same sample (a request's draws are its own)
     longer = chat(served, n=2, seed=11, max_tokens=14).choices
     assert all(b.message.content.startswith(a.message.content) or a.finish_reason == "stop"
