@@ -318,3 +318,23 @@ def test_pausing_keeps_waits_for_or_aborts_the_work_as_asked():
     finally:
         weights.resume()
         b.close()
+
+
+def test_in_a_batch_only_streaming_jobs_get_token_events():
+    from gaca_agent.serving.batcher import Batcher
+
+    engine, adapters = FakeEngine(), FakeAdapters()
+    b = Batcher(engine, adapters, max_queue=8, max_rows=8)
+    try:
+        engine.hold.clear()
+        b.submit(job("base", 0))
+        time.sleep(0.2)  # the engine holds the first; the next two share a batch
+        plain, streamed = job("base", 1), job("base", 2, stream=True)
+        b.submit(plain)
+        b.submit(streamed)
+        engine.hold.set()
+        assert plain.events.get(timeout=10) == ("done", [("out", (1,))])
+        assert streamed.events.get(timeout=10)[0] == "token"
+        assert engine.batches[-1] == [(1,), (2,)]
+    finally:
+        b.close()
