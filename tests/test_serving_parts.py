@@ -338,3 +338,25 @@ def test_in_a_batch_only_streaming_jobs_get_token_events():
         assert engine.batches[-1] == [(1,), (2,)]
     finally:
         b.close()
+
+
+def test_a_tokens_bytes_are_its_own_even_half_a_character():
+    """Byte-level tokenizers: the bytes the token's pieces stand for (half of a UTF-8
+    character stays half); a piece outside the byte alphabet, or another tokenizer: the
+    UTF-8 of the token decoded with its special tokens."""
+    class Tokenizer:
+        pieces = {1: "Ġh", 2: "Ã", 3: "€x", 4: "<s>"}
+
+        def convert_ids_to_tokens(self, i):
+            return self.pieces[i]
+
+        def decode(self, ids, skip_special_tokens=True):
+            text = {1: " h", 2: "\ufffd", 3: "€x", 4: "<s>"}[ids[0]]
+            return "" if skip_special_tokens and text == "<s>" else text
+
+    tok, byte_level = Tokenizer(), api.byte_decoder()
+    assert api.token_bytes(tok, 1, byte_level) == [32, 104]
+    assert api.token_bytes(tok, 2, byte_level) == [0xC3]  # not the replacement character
+    assert api.token_bytes(tok, 3, byte_level) == list("€x".encode())
+    assert api.token_bytes(tok, 2, None) == list("\ufffd".encode())
+    assert api.token_bytes(tok, 4, None) == list(b"<s>")
