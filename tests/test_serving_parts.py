@@ -123,10 +123,11 @@ def test_error_bodies_and_response_pieces():
 
 
 class CharTokenizer:
-    """One character per token id (id = code point); id 0 is EOS."""
+    """One character per token id (id = code point); id 0 is EOS; "§" is a special token
+    (left out when asked to skip them)."""
 
     def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i) for i in ids if i)
+        return "".join(chr(i) for i in ids if i and not (skip_special_tokens and i == 167))
 
 
 def push_all(stream, text):
@@ -151,6 +152,8 @@ def test_a_streamed_choice_never_takes_back_a_delta():
     assert short.done and short.rest("az!") == "!"
     with pytest.raises(RuntimeError, match="not a prefix"):
         short.rest("b")
+    special = ChoiceStream(CharTokenizer(), {0}, [], 100)
+    assert push_all(special, "a§") == [(True, "a"), (True, "§")]  # as the response has it
     assert _settled("abc\ufffd\ufffd", []) == "abc"
     assert _settled("xyab", ["abc", "bq"]) == "xy" and _settled("xya", ["bc"]) == "xya"
     assert _settled("", ["a"]) == ""
