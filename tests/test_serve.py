@@ -208,6 +208,22 @@ def test_a_request_fits_the_context_or_is_refused_by_name(served, monkeypatch):
         (400, "messages", "context_length_exceeded")
 
 
+def test_a_plain_response_says_which_weights_answered(served):
+    status, text = served.post("/chat/completions", {
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 5, "logprobs": True,
+        "return_token_ids": True, "return_weight_versions": True, "seed": 4})
+    reply = json.loads(text)
+    [choice] = reply["choices"]
+    assert status == 200 and reply["object"] == "chat.completion"
+    assert isinstance(reply["created"], int) and reply["created"] > 0
+    label = served.model.weights.version
+    assert reply["metadata"] == {"weight_version": label}  # SGLang's form
+    assert choice["weight_versions"] == [{"version": label, "start": 0,  # vLLM's form
+                                          "end": len(choice["token_ids"])}]
+    assert choice["logprobs"]["refusal"] is None
+    assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
+
+
 def test_n_and_seed(served):
     r = chat(served, n=2, seed=11, max_tokens=10)
     assert [c.index for c in r.choices] == [0, 1]
