@@ -581,3 +581,19 @@ def test_weights_that_do_not_fit_are_refused_and_nothing_changes(served, tmp_pat
         with pytest.raises(APIError) as err:
             weights.set_version(label)
         assert (err.value.status, err.value.param) == (400, "new_version")
+
+
+def test_a_stream_whose_generation_fails_ends_with_the_error(served, monkeypatch):
+    def boom(requests, on_step=None):
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(served.model.engine, "generate", boom)
+    request = urllib.request.Request(
+        served.base + "/chat/completions",
+        json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 4,
+                    "stream": True}).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as resp:
+        events = [e for e in resp.read().decode().split("\n\n") if e]
+    *_, last = [json.loads(e[len("data: "):]) for e in events]
+    assert last["error"]["message"] == "generation failed: RuntimeError: the engine broke"
+    assert last["error"]["type"] == "server_error"
