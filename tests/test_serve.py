@@ -404,6 +404,17 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
                                                   "lora_path": str(tmp_path / "v1")})[0] == 400
         assert served.post("/load_lora_adapter", {"lora_name": "v2",
                                                   "lora_path": str(tmp_path)})[0] == 400
+        code, text = served.post("/load_lora_adapter", {"lora_name": "v3"})
+        assert code == 400 and json.loads(text)["error"]["param"] == "lora_name"
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "adapter_config.json").write_text((tmp_path / "v1" /
+                                                     "adapter_config.json").read_text())
+        (broken / "adapter_model.safetensors").write_bytes(b"not a tensor file")
+        code, text = served.post("/load_lora_adapter", {"lora_name": "v3",
+                                                        "lora_path": str(broken)})
+        assert code == 400 and json.loads(text)["error"]["param"] == "lora_path"
+        assert "cannot load the adapter" in json.loads(text)["error"]["message"]
         # new weights under the same name, in place (SGLang's load_inplace), asked for in
         # SGLang's BASE:ADAPTER form
         torch.manual_seed(1)

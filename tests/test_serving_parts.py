@@ -247,6 +247,7 @@ def test_the_batcher_refuses_a_full_queue_skips_cancelled_jobs_and_reports_error
         with pytest.raises(APIError) as err:
             b.submit(job("base", 3))
         assert (err.value.status, err.value.code) == (429, "queue_full")
+        assert "1 requests are waiting; retry later" in err.value.message
         engine.hold.set()
         assert waiting.events.get(timeout=10) == ("token", 0, 7, -0.5, None)  # streamed
         assert result(waiting) == ("done", [("out", (2,))])
