@@ -140,7 +140,22 @@ def test_a_remote_episode_equals_the_local_one(served):
     assert plain.unwrapped.render() == obs
     with pytest.raises(RuntimeError, match="expert=True"):
         plain.unwrapped.expert_action()
-    plain.close()
+    # not asked for, the server does not compute the expert's action
+    sent = plain.unwrapped._call({"type": "step", "data": {"action": "rest"}})
+    assert sent["observation"].get("expert_action") is None
+    # resting until the step limit: truncated there, as the local env is
+    local = gym.make(CORRIDOR, split="test")
+    try:
+        assert local.reset(seed=1) == plain.reset(seed=1)
+        for _ in range(100):
+            a, b = local.step("rest"), plain.step("rest")
+            assert a == b
+            if a[2] or a[3]:
+                break
+        assert a[3] and not a[2]
+    finally:
+        local.close()
+        plain.close()
 
 
 def test_session_errors_name_the_problem_and_the_session_goes_on(served):
