@@ -277,6 +277,10 @@ def test_the_guard_checks_token_size_and_timely_bodies():
     assert status_of(sent) == 408 and not seen
     refused = json.loads(sent[-1]["body"])["detail"]
     assert "did not arrive within 0.2 s" in refused
+    start, body = sent[-2:]  # a whole HTTP answer: its length, then its body
+    assert (start["type"], body["type"]) == ("http.response.start", "http.response.body")
+    assert dict(start["headers"])[b"content-length"] == str(len(body["body"])).encode()
+    assert dict(start["headers"])[b"content-type"] == b"application/json"
     ws, _ = guard_call(token="t", kind="websocket")
     assert ws == [{"type": "websocket.close", "code": 1008}]
 
