@@ -400,10 +400,12 @@ def test_gaca_train_stops_in_one_line_when_its_env_server_dies_and_resumes(tmp_p
 
 
 # ---------------------------------------------------------------- AgentGym's protocol
-def agentgym_server(with_actions: bool = True):
+def agentgym_server(with_actions: bool = True, other_spelling: bool = False):
     """A small server speaking AgentGym's HTTP env protocol (AgentGym's own servers are not
     installable here): count to a target with 'add 1' / 'add 2'; data_idx is the target.
-    ``with_actions=False``: no ``/available_actions`` (as some AgentGym servers)."""
+    ``with_actions=False``: no ``/available_actions`` (as some AgentGym servers);
+    ``other_spelling``: ``env_id`` for ``id``, ``task_description`` for ``goal``, and the
+    observation in the reset's answer instead of ``/observation`` (as others)."""
     import uvicorn
     from fastapi import Body, FastAPI
 
@@ -413,19 +415,23 @@ def agentgym_server(with_actions: bool = True):
     @app.post("/create")
     def create():
         envs[len(envs)] = {"target": 0, "total": 0, "done": False}
-        return {"id": len(envs) - 1}
+        return {"env_id" if other_spelling else "id": len(envs) - 1}
 
     @app.post("/reset")
     def reset(body: dict = Body()):
         if body["id"] not in envs:
             return {"error": f"env {body['id']} does not exist"}
         envs[body["id"]].update(target=3 + body["data_idx"], total=0, done=False)
+        if other_spelling:
+            return {"task_description": f"reach {3 + body['data_idx']}",
+                    "observation": f"total 0 of {3 + body['data_idx']}"}
         return {"goal": f"reach {3 + body['data_idx']}"}
 
-    @app.get("/observation")
-    def observation(id: int):
-        e = envs[id]
-        return f"total {e['total']} of {e['target']}"
+    if not other_spelling:
+        @app.get("/observation")
+        def observation(id: int):
+            e = envs[id]
+            return f"total {e['total']} of {e['target']}"
 
     if with_actions:
         @app.get("/available_actions")
@@ -490,10 +496,11 @@ def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
 def test_agentgym_server_without_an_action_list_gets_the_text_as_typed():
     """A server that lists no actions is sent whatever the agent typed (case kept); one
     that lists them only gets admissible actions (the env contract's no-op otherwise)."""
-    server, url, envs = agentgym_server(with_actions=False)
+    server, url, envs = agentgym_server(with_actions=False, other_spelling=True)
     try:
         env = gym.make("gaca/AgentGym-v0", url=url, num_tasks=3)
-        _, info = env.reset(seed=0, options={"task_id": 0})
+        obs, info = env.reset(seed=0, options={"task_id": 0})
+        assert (obs, info["task"]) == ("total 0 of 3", "reach 3")  # the other spelling
         assert info["admissible_actions"] == ()
         _, _, _, _, info = env.step("Add 1")
         assert info["action_valid"] and envs[0]["sent"] == ["Add 1"]
