@@ -13,6 +13,12 @@ The score per area counts every mutant except two kinds, both listed in the repo
 - **equivalent**: listed in ``scripts/mutation_equivalent.yaml`` with the reason (the
   function and the changed lines, so renumbering does not lose them).
 
+mutmut runs, for each mutant, the tests it saw reach the mutated function in this
+process. Code that runs only in a child process (``main`` of gaca-serve and
+gaca-env-serve, a worker's loop) is reached by the tests that start those processes, but
+mutmut does not see it: such survivors are checked by hand (apply the edit, run the
+process tests) before they are called accepted.
+
 Usage: ``bash scripts/mutation.sh [AREA ...] [--workdir DIR] [--sample PCT] [--again]
 [--report-only]``. ``--sample PCT`` tests a fixed subset of about PCT% of each area's mutants
 (chosen by a hash of the mutant's name, so the same subset every time): a full pass of
