@@ -450,3 +450,28 @@ def test_the_pool_stops_when_every_server_stays_down(monkeypatch):
                 pool.recycle_idle(set())
     finally:
         pool.close()
+
+
+def test_stateless_http_calls_answer_errors_as_400s_with_the_reason(served):
+    """OpenEnv's HTTP /reset and /step (a new env per call): a bad task is a 400 naming the
+    error, /step says to play episodes over /ws, and neither carries a traceback."""
+    import urllib.error
+    import urllib.request
+
+    def post(path, body):
+        request = urllib.request.Request(served.url + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    status, body = post("/reset", {"seed": 1, "options": {"task_id": 99}})
+    assert status == 400 and body["detail"].startswith("ValueError: task_id")
+    assert "/ws" not in body["detail"]
+    status, body = post("/step", {"action": {"action": "rest"}})
+    assert status == 400 and body["detail"].endswith("play episodes over /ws)")
+    assert "Traceback" not in body["detail"]
+    status, body = post("/reset", {"seed": 1})
+    assert status == 200 and body["observation"]["state_key"]
