@@ -278,6 +278,46 @@ def digests(named):
 
 
 @needs_model
+def test_buckets_keep_order_and_bound_and_only_the_last_is_labelled(monkeypatch):
+    """Tensors go in order, in buckets of at most bucket_bytes (a larger one alone); each
+    bucket is one SGLang update request whose metadata lists its tensors; only the last
+    flushes the cache and carries the version label; close leaves the group."""
+    import torch
+
+    from gaca_agent.generate import transfer
+
+    named = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in
+             enumerate([4, 4, 10, 1, 2])]  # 16, 16, 40, 4, 8 bytes
+    parts = transfer.buckets(named, 32)
+    assert [[n for n, _ in b] for b in parts] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    assert transfer.buckets([], 32) == []
+
+    class Engine:
+        base_url = "http://server/v1"
+
+        def __init__(self):
+            self.calls = []
+
+        def _admin(self, endpoint, body):
+            self.calls.append((endpoint, body))
+
+    engine, sent = Engine(), []
+    monkeypatch.setattr(transfer, "broadcast", lambda t, group, timeout: sent.append(t.numel()))
+    sender = transfer.Broadcaster(engine, timeout_s=5, bucket_bytes=32, group_name="g")
+    sender.group = "joined"
+    out = sender.send(named, "run-v3")
+    bodies = [b for e, b in engine.calls if e == "update_weights_from_distributed"]
+    assert [b["names"] for b in bodies] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    assert [b["weight_version"] for b in bodies] == [None, None, "run-v3"]
+    assert [b["flush_cache"] for b in bodies] == [False, False, True]
+    assert bodies[1]["shapes"] == [[10]] and bodies[1]["dtypes"] == ["float32"]
+    assert sent == [4, 4, 10, 1, 2] and out["perf/sync_bytes"] == 84.0
+    monkeypatch.setattr(transfer, "destroy", lambda group: None)
+    sender.close()
+    assert engine.calls[-1] == ("destroy_weights_update_group", {"group_name": "g"})
+    assert sender.group is None
+
+
 def test_the_broadcast_leaves_the_servers_weights_bit_equal(serve_process, tiny_model_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
