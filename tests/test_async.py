@@ -318,6 +318,44 @@ def test_buckets_keep_order_and_bound_and_only_the_last_is_labelled(monkeypatch)
     assert sender.group is None
 
 
+@pytest.mark.parametrize("kind, pause, resume", [
+    ("sglang", ("pause_generation", {"mode": "in_place"}), "continue_generation"),
+    ("vllm", ("pause?mode=keep", None), "resume")])
+def test_a_broadcast_is_sent_paused_in_the_servers_own_words(kind, pause, resume):
+    """Generation is held (not aborted) around the broadcast and continued even when the
+    broadcast fails, which leaves the group to be joined anew; a sent one is the engine's
+    newest version, labelled."""
+    from gaca_agent.generate.transfer import update_by_broadcast
+
+    class Engine:
+        def __init__(self):
+            self.kind, self.calls, self.synced_to = kind, [], None
+
+        def _admin(self, endpoint, body=None):
+            self.calls.append((endpoint, body))
+
+        def synced(self, version, label, labelled=False):
+            self.synced_to = (version, label, labelled)
+
+    class Sender:
+        group, fail = "joined", False
+
+        def send(self, named, label):
+            if self.fail:
+                raise RuntimeError("the peer went away")
+            return {"perf/sync_bytes": 8.0}
+
+    engine, sender = Engine(), Sender()
+    assert update_by_broadcast(engine, sender, [], "run-v2", 2) == {"perf/sync_bytes": 8.0}
+    assert engine.calls == [pause, (resume, None)]
+    assert engine.synced_to == (2, "run-v2", True) and sender.group == "joined"
+    engine, sender.fail = Engine(), True
+    with pytest.raises(RuntimeError, match="went away"):
+        update_by_broadcast(engine, sender, [], "run-v3", 3)
+    assert engine.calls == [pause, (resume, None)] and sender.group is None
+    assert engine.synced_to is None
+
+
 def test_the_broadcast_leaves_the_servers_weights_bit_equal(serve_process, tiny_model_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
