@@ -198,6 +198,7 @@ def test_the_version_window_accepts_what_was_fixed_at_submission(scripted):
         window.label_of(1)
     s = scripted({"/v1/chat/completions": [(200, chat(weight_versions=[["r-v2", 0, 3]]))],
                   "/update_weight_version": [(200, {})]})
+    started = time.perf_counter()
     e = ServerEngine(s.base, "tiny", None, retries=0, keep_versions=2)
     for v in (1, 2):
         e.weight_version = f"r-v{v}"
@@ -211,7 +212,8 @@ def test_the_version_window_accepts_what_was_fixed_at_submission(scripted):
     e.weight_version = "r-v4"  # r-v2 leaves the window: an answer from it is stale now
     with pytest.raises(StaleWeights, match="accepts"):
         e.complete([{"role": "user", "content": "go"}], 4, 1.0)
-    assert e.busy_seconds() > 0
+    busy = e.busy_seconds()  # nothing in flight now: the requests' own time only
+    assert 0 < busy <= time.perf_counter() - started and e.busy_seconds() == busy
     # one request at a time: a turn queued behind a slow one keeps what it accepted when
     # it was submitted (r-v1 on), though a sync moves the window before it is sent
     one = ServerEngine(s.base, "tiny", None, retries=0, keep_versions=2, concurrency=1)
