@@ -358,6 +358,28 @@ def test_a_broadcast_is_sent_paused_in_the_servers_own_words(kind, pause, resume
     assert engine.synced_to is None
 
 
+def test_a_failed_collective_names_the_end_that_failed():
+    from gaca_agent.generate.http import WeightSyncError
+    from gaca_agent.generate.transfer import Broadcaster
+
+    sender = Broadcaster(None, timeout_s=0.5)
+
+    def boom():
+        raise RuntimeError("this end broke")
+
+    with pytest.raises(WeightSyncError, match="sending X failed: RuntimeError: this end "
+                                              "broke .every collective is bounded by "
+                                              r"server.transfer_timeout_s = 0.5 s\)"):
+        sender._both(lambda: {"ok": True}, boom, "sending X")
+    with pytest.raises(WeightSyncError, match="sending X failed on the server: "
+                                              "RuntimeError: this end broke"):
+        sender._both(boom, lambda: None, "sending X")
+    with pytest.raises(WeightSyncError, match="failed on the server: TimeoutError: no "
+                                              "answer in 0.5 s"):
+        sender._both(lambda: time.sleep(3), lambda: None, "sending X")
+    assert sender._both(lambda: None, lambda: 7, "sending X") == 7
+
+
 def test_the_broadcast_leaves_the_servers_weights_bit_equal(serve_process, tiny_model_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
