@@ -349,6 +349,9 @@ def test_probe_measures_the_gap_and_names_the_fix():
     with pytest.raises(ProbeMismatch, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         check(result, 0.1, "sglang")
     check(result, result.mean_gap, "vllm")  # at the tolerance: passes
+    half = ProbeResult(0.5, 3, 1.0, 2.0, 0.5, True)  # temperature-1 gap not below half
+    with pytest.raises(ProbeMismatch, match="generation-config vllm"):
+        check(half, 0.1, "vllm")
     far = ProbeResult(0.5, 3, 1.0, 2.0, 0.9, True)
     with pytest.raises(ProbeMismatch, match="generation-config vllm"):
         check(far, 0.1, "vllm")
