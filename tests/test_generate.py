@@ -262,6 +262,11 @@ def test_admin_calls_carry_the_admin_key_and_use_each_servers_paths(scripted):
     (_, _, load), (_, _, chat_headers) = s.calls[0], s.calls[1]
     assert load["Authorization"] == "Bearer admin" and chat_headers["Authorization"] == \
         "Bearer user"
+    from gaca_agent.generate.http import get_json
+
+    s.script["/is_paused"] = [(200, {"is_paused": False})]
+    assert get_json(s.root + "/is_paused", "admin", retries=0) == {"is_paused": False}
+    assert s.calls[-1][2]["Authorization"] == "Bearer admin"  # a GET carries its key too
     assert ServerEngine("http://h:1", "m", None)._admin_url("load_lora_adapter") == \
         "http://h:1/v1/load_lora_adapter"
     assert ServerEngine("http://h:1/v1", "m", None, kind="sglang")._admin_url(
