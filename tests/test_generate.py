@@ -362,3 +362,40 @@ def test_probe_measures_the_gap_and_names_the_fix():
         check(far, 0.1, "vllm")
     with pytest.raises(ProbeMismatch, match="sampling-defaults openai"):
         check(far, 0.1, "sglang")
+
+
+def test_the_server_section_makes_its_engine_with_keys_from_the_environment(monkeypatch):
+    from gaca_agent.config import ServerSection
+    from gaca_agent.generate.factory import make_engine
+
+    monkeypatch.setenv("MY_KEY", "user-key")
+    monkeypatch.setenv("MY_ADMIN_KEY", "admin-key")
+    section = ServerSection(base_url="http://h:9/v1/", model="m", kind="sglang",
+                            api_key_env="MY_KEY", admin_api_key_env="MY_ADMIN_KEY",
+                            concurrency=3, timeout_s=7.0, retries=2)
+    tokenizer = object()
+    e = make_engine("server", tokenizer=tokenizer, server=section)
+    try:
+        assert (e.base_url, e.base_model, e.kind, e.tokenizer) == ("http://h:9/v1", "m",
+                                                                  "sglang", tokenizer)
+        assert (e.api_key, e.admin_api_key) == ("user-key", "admin-key")
+        assert (e.timeout_s, e.retries, e.pool._max_workers) == (7.0, 2, 3)
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="needs the server section"):
+        make_engine("server")
+    with pytest.raises(ValueError, match="unknown rollout engine 'tgi'"):
+        make_engine("tgi")
+
+
+def test_a_system_prompt_comes_first_as_the_system_message():
+    from gaca_agent.generate.prompts import PromptBuilder
+    from gaca_agent.types import Turn
+
+    turn = Turn("gaca/Diag-Corridor-v0", "reach the exit", "You are in a hall.",
+                ("walk forward",), (), 0)
+    builder = PromptBuilder(0)
+    with_system = builder.messages(turn, "Be brief.")
+    assert with_system[0] == {"role": "system", "content": "Be brief."}
+    assert with_system[1:] == builder.messages(turn) == [{"role": "user",
+                                                           "content": builder.build(turn)}]
