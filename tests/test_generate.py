@@ -399,3 +399,28 @@ def test_a_system_prompt_comes_first_as_the_system_message():
     assert with_system[0] == {"role": "system", "content": "Be brief."}
     assert with_system[1:] == builder.messages(turn) == [{"role": "user",
                                                            "content": builder.build(turn)}]
+
+
+def test_a_completion_ends_at_its_eos_or_first_stop_string():
+    """EOS: kept in the ids, not in the text, finish "stop"; a stop string: the text ends
+    before it and the ids at the token completing it, finish "stop"; neither: "length".
+    Log-probs are cut with the ids."""
+    from gaca_agent.generate.engines import Request, finish
+
+    class Chars:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i) for i in ids if i)
+
+        def batch_decode(self, rows, skip_special_tokens=False):
+            return [self.decode(r) for r in rows]
+
+    ids = [ord(c) for c in "abXYcd"]
+    lps = [-0.1 * (i + 1) for i in range(len(ids))]
+    stopped = finish(Chars(), {0}, Request((1,), 8, stop=("XY",)), ids, lps, None)
+    assert (stopped.text, stopped.finish_reason) == ("ab", "stop")
+    assert stopped.completion_ids == ids[:4] and stopped.logprobs == lps[:4]
+    plain = finish(Chars(), {0}, Request((1,), 8, stop=("zz",)), ids, lps, None)
+    assert (plain.text, plain.finish_reason, plain.completion_ids) == ("abXYcd", "length", ids)
+    ended = finish(Chars(), {0}, Request((1,), 8), [97, 0, 98], [-1.0, -2.0, -3.0], [0.5] * 3)
+    assert (ended.text, ended.finish_reason, ended.completion_ids) == ("a", "stop", [97, 0])
+    assert ended.logprobs == [-1.0, -2.0] and ended.entropies == [0.5, 0.5]
