@@ -247,6 +247,8 @@ def test_full_weight_sync_labels_the_weights_it_loaded(tmp_path):
     same, _, engine2 = weight_sync(tmp_path / "same", lora=False, temperatures=(0.7, 0.7),
                                    scores={0.7: [-1.0], 1.0: [-1.2]})
     assert set(same(1)) >= {"probe/mean_gap"} and engine2.probes == [0.7, 0.7]
+    greedy, _, engine3 = weight_sync(tmp_path / "greedy", lora=False, temperatures=(0.0, 0.4))
+    assert "probe/mean_gap" not in greedy(1) and engine3.probes == [0.4, 0.4]
 
 
 def test_a_failed_load_or_probe_stops_with_the_version_and_reason(tmp_path, capsys):
