@@ -150,7 +150,9 @@ def test_the_producer_runs_ahead_and_a_checkpoint_keeps_what_it_collected():
     while producer.collected < 3 and time.time() < deadline:
         time.sleep(0.01)
     assert producer.collected == 3 and 4 not in producer.ready  # 4 needs version 2
-    producer.close()
+    producer.close()  # the thread waiting for version 2 ends, collecting nothing more
+    producer._thread.join(timeout=5)
+    assert not producer._thread.is_alive() and producer.collected == 3
     resumed_calls = Recorder(ref)
     resumed = ref[0] = Producer(resumed_calls, 1, 8, 2, synced=1, ready=ahead)
     assert [b.iteration for b in run_learner(resumed, 8, start=1)] == list(range(1, 8))
