@@ -64,7 +64,15 @@ def test_a_short_run_logs_what_its_rollouts_hold(tmp_path, fresh_accelerate):
     assert final["success_rate"] == pytest.approx(rows[1]["eval/success"])
     played = [json.loads(x) for x in (run / "final_eval" / "episodes.jsonl").open()]
     assert [e["index"] for e in played] == list(range(6))  # as gaca-eval writes them
-    assert json.loads((run / "final_eval" / "config.json").read_text())["policy"] == "trained"
+    meta = json.loads((run / "final_eval" / "config.json").read_text())
+    assert (meta["policy"], meta["env"], meta["env_kwargs"]) == \
+        ("trained", cfg.env.id, dict(cfg.env.eval_kwargs))
+    digests = json.loads((run / "final" / "rank_digests.json").read_text())
+    assert digests["in_sync"] and all(len(d) == 16 for d in digests["digests"])
+    for it in (0, 1):
+        r = rows[it]
+        assert r["perf/tokens_per_s"] == pytest.approx(r["train/tokens"] / r["perf/update_s"],
+                                                       rel=1e-6)
     report = [json.loads(x) for x in (run / "train_episodes.jsonl").open()]
     assert [e["task_id"] for e in report[::2]] == [t for t, _ in iteration_tasks(cfg, 1, 48)]
 
