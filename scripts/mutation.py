@@ -259,6 +259,7 @@ def classify(area: str, work: Path) -> list[dict]:
     equivalents = load_equivalents()
     sampled = work / "sample.json"
     sample = set(json.loads(sampled.read_text())["mutants"]) if sampled.exists() else None
+    reached = tested_functions(work) if sample is not None else set()
     records = []
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         rel = str(meta.relative_to(work / "mutants"))[:-len(".meta")]
@@ -269,8 +270,12 @@ def classify(area: str, work: Path) -> list[dict]:
         funcs = functions(source_path)
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in sorted(codes.items()):
-            if sample is not None and (name not in sample or code is None):
-                continue  # outside the sample, or not run yet (a stopped run)
+            if sample is not None and name not in sample:
+                continue
+            if sample is not None and code is None:
+                if name.partition("__mutmut_")[0] in reached:
+                    continue  # not run yet (a stopped run)
+                code = 33  # no test reaches its function: not caught
             local = name.rsplit(".", 1)[1]
             base = local.rsplit("__mutmut_", 1)[0]
             status = STATUS.get(code, "suspicious")
