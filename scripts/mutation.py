@@ -239,16 +239,17 @@ def tested_functions(work: Path) -> set[str]:
 def run_sample(area: str, work: Path, children: int, log: Path, percent: float,
                again: bool) -> int:
     """Generate every mutant and time the tests (mutmut stops at the unknown name), then
-    run the fixed subset (``again``: only its mutants not caught last time); mutants of
-    functions that no test reaches are not run and count as not caught."""
+    run the fixed subset (``again``: only its mutants not caught or not run last time);
+    mutants of functions that no test reaches are not run and count as not caught."""
     run_mutmut(work, children, log.with_suffix(".generate.log"), ["gaca-sample__mutmut_0"])
     sample = [n for n in all_mutants(work) if in_sample(n, percent)]
     (work / "sample.json").write_text(json.dumps({"percent": percent, "mutants": sample}))
     reached = tested_functions(work)
     names = [n for n in sample if n.partition("__mutmut_")[0] in reached]
     if again:
-        left = {r["name"] for r in summary(area, classify(area, work))["left"]}
-        names = [n for n in names if n in left]
+        done = {r["name"]: r for r in classify(area, work)}
+        names = [n for n in names if n not in done or done[n]["kind"] not in
+                 ("caught", "message text", "equivalent")]
     return run_mutmut(work, children, log, names) if names else 0
 
 
@@ -343,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="test only a fixed PCT%% of each area's mutants")
     parser.add_argument("--again", action="store_true",
                         help="keep the last run: test again only its mutants not caught "
-                             "(and those of changed functions), with the current tests")
+                             "(and those of changed functions, and a sample's mutants not "
+                             "run yet), with the current tests")
     args = parser.parse_args(argv)
     unknown = [a for a in args.areas if a not in AREAS]
     if unknown:
