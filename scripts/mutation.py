@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             again = args.again and (work / "mutants").exists()
             prepare(area, work, fresh=not again)
+            if again:  # map tests to functions anew: mutmut keeps an old test's old map
+                (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
             t0 = time.time()
             log = root / f"{area}.log"
             if args.sample:
