@@ -419,6 +419,8 @@ def test_a_completion_ends_at_its_eos_or_first_stop_string():
     stopped = finish(Chars(), {0}, Request((1,), 8, stop=("XY",)), ids, lps, None)
     assert (stopped.text, stopped.finish_reason) == ("ab", "stop")
     assert stopped.completion_ids == ids[:4] and stopped.logprobs == lps[:4]
+    at_start = finish(Chars(), {0}, Request((1,), 8, stop=("ab",)), ids, lps, None)
+    assert (at_start.text, at_start.completion_ids) == ("", ids[:2])  # a stop at the start
     plain = finish(Chars(), {0}, Request((1,), 8, stop=("zz",)), ids, lps, None)
     assert (plain.text, plain.finish_reason, plain.completion_ids) == ("abXYcd", "length", ids)
     ended = finish(Chars(), {0}, Request((1,), 8), [97, 0, 98], [-1.0, -2.0, -3.0], [0.5] * 3)
