@@ -22,17 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from serve_process import start_gaca_serve  # noqa: E402
 
 SUITES = {
     "diag": ["env.id=gaca/Diag-Signs-v0", "env.kwargs={split: train}",
@@ -48,22 +48,6 @@ COMMON = ["eval_every=0", "checkpoint_every=0", "keep_rollouts=false", "env.grou
           "learner.micro_batch_size=16", "warmup.bc_steps=60", "warmup.bc_episodes=16",
           "model.max_new_tokens=16", "model.engine=server", "server.model=tiny",
           "server.kind=sglang", "server.weight_transfer=broadcast"]
-
-
-def start_server(model: str, core: int | None):
-    """gaca-serve on ``model`` (pinned to ``core``); (process, API root)."""
-    cmd = [sys.executable, "-m", "gaca_agent.cli.serve", model, "--name", "tiny", "--port", "0",
-           "--log-level", "WARNING"]
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for line in proc.stdout:
-        found = re.search(r"(http://\S+)/v1", line)
-        if found:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, found.group(1)
-    raise RuntimeError("gaca-serve did not start")
 
 
 def train(out: Path, name: str, args: list[str], core: int | None) -> list[dict]:
@@ -91,14 +75,15 @@ def training(suites, staleness, seeds, iterations, out: Path, cores,
         for seed in seeds:
             for k in staleness:
                 model = str(cached_tiny_model(seed))
-                proc, root = start_server(model, cores[0])
+                proc, base = start_gaca_serve(model, "tiny", core=cores[0],
+                                              env={"OMP_NUM_THREADS": "1"})
                 name = f"{suite}-s{seed}-k{k}"
                 try:
                     t0 = time.perf_counter()
                     metrics = train(out, name, [*COMMON, *SUITES[suite], *extra,
                                                 f"seed={seed}", f"iterations={iterations}",
                                                 f"max_staleness={k}",
-                                                f"server.base_url={root}/v1"], cores[1])
+                                                f"server.base_url={base}"], cores[1])
                     wall = time.perf_counter() - t0
                 finally:
                     proc.kill()
@@ -137,8 +122,9 @@ def weight_sync(repeats: int, layers: int) -> dict:
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(tmp / "model")
     build_tokenizer().save_pretrained(tmp / "model")
-    proc, root = start_server(str(tmp / "model"), None)
-    engine = ServerEngine(root + "/v1", "tiny", AutoTokenizer.from_pretrained(tmp / "model"),
+    proc, base = start_gaca_serve(str(tmp / "model"), "tiny",
+                                  env={"OMP_NUM_THREADS": "1"})
+    engine = ServerEngine(base, "tiny", AutoTokenizer.from_pretrained(tmp / "model"),
                           kind="sglang", retries=0, timeout_s=600)
     sender = Broadcaster(engine, timeout_s=600, bucket_bytes=256 << 20, group_name="bench")
     named = list(model.state_dict().items())

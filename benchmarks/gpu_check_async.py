@@ -6,28 +6,10 @@ on the previous one."""
 from __future__ import annotations
 
 import hashlib
-import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def start_serve(path: str, device: str):
-    dtype = "bfloat16" if device == "cuda" else "float32"
-    proc = subprocess.Popen([sys.executable, "-m", "gaca_agent.cli.serve", path, "--name",
-                             "qwen-shape", "--port", "0", "--device", device, "--dtype", dtype,
-                             "--log-level", "WARNING"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    for line in proc.stdout:
-        found = re.search(r"(http://\S+/v1)", line)
-        if found:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, found.group(1)
-    raise RuntimeError("gaca-serve did not start")
+from serve_process import start_gaca_serve
 
 
 def digest(tensor) -> str:
@@ -48,7 +30,8 @@ def async_iteration(path: str, tok, n: int, new: int, device: str, emit) -> None
     from gaca_agent.learner.core import Learner, LearnerConfig
     from gaca_agent.steps import StepTable
 
-    proc, base = start_serve(path, device)
+    proc, base = start_gaca_serve(path, "qwen-shape", "--device", device, "--dtype",
+                                  "bfloat16" if device == "cuda" else "float32")
     engine = ServerEngine(base, "qwen-shape", tok, kind="sglang", timeout_s=600)
     learner = Learner(path, tok, LearnerConfig(bf16=True, kl_coef=0.0, lr=1e-6,
                                                old_logprobs="recompute", tis_cap=2.0))
