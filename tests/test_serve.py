@@ -404,6 +404,14 @@ def test_lora_adapters_load_serve_and_unload(served, tmp_path):
                                                   "lora_path": str(tmp_path / "v1")})[0] == 400
         assert served.post("/load_lora_adapter", {"lora_name": "v2",
                                                   "lora_path": str(tmp_path)})[0] == 400
+        from gaca_agent.serving.protocol import APIError
+
+        # full weights (from disk, or broadcast) are refused while adapters are loaded
+        with pytest.raises(APIError, match="while LoRA adapters are loaded"):
+            served.model.weights.load([], "weights_path")
+        with pytest.raises(APIError, match="while LoRA adapters are loaded"):
+            with served.model.weights.replacing("names"):
+                pass
         code, text = served.post("/load_lora_adapter", {"lora_name": "v3"})
         assert code == 400 and json.loads(text)["error"]["param"] == "lora_name"
         broken = tmp_path / "broken"

@@ -61,10 +61,7 @@ class Receiver:
             raise APIError(400, "no weight group: POST /init_weights_update_group first",
                            "group_name")
         names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
-        with self.lock, self.weights.adapters.lock:  # no batch runs while weights arrive
-            if self.weights.adapters.paths:
-                raise APIError(400, "cannot replace the base weights while LoRA adapters are "
-                                    "loaded; unload them first", "names")
+        with self.lock, self.weights.replacing("names"):  # no batch while weights arrive
             try:
                 named = self._receive(group, names, dtypes, shapes,
                                       body.get("load_format") == "flattened_bucket",

@@ -20,6 +20,7 @@ answers the queued ones with 503 (a running batch finishes: gaca-serve cannot st
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -70,19 +71,24 @@ class Weights:
             state.update(load_file(str(f)))
         self.load(state.items(), "weights_path")
 
-    def load(self, named, param: str = "names", locked: bool = False) -> None:
-        """Copy named tensors into the base model (cast to its dtype), between two
-        batches; 400 naming the first that does not fit (nothing is changed then).
-        ``locked``: the caller holds the adapters' lock already."""
-        import contextlib
-
-        import torch
-
-        named = list(named)
-        with contextlib.nullcontext() if locked else self.adapters.lock:  # between batches
+    @contextlib.contextmanager
+    def replacing(self, param: str = "names"):
+        """Held while base weights are replaced: no batch runs (the adapters' lock), and a
+        400 naming ``param`` while LoRA adapters are loaded."""
+        with self.adapters.lock:
             if self.adapters.paths:
                 raise APIError(400, "cannot replace the base weights while LoRA adapters are "
                                     "loaded; unload them first", param)
+            yield
+
+    def load(self, named, param: str = "names", locked: bool = False) -> None:
+        """Copy named tensors into the base model (cast to its dtype), between two
+        batches; 400 naming the first that does not fit (nothing is changed then).
+        ``locked``: the caller is inside :meth:`replacing` already."""
+        import torch
+
+        named = list(named)
+        with contextlib.nullcontext() if locked else self.replacing(param):
             own = self.engine.model.state_dict()
             bad = [k for k, v in named if k not in own or own[k].shape != v.shape]
             if bad:
