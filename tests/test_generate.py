@@ -16,8 +16,8 @@ from gaca_agent.generate.http import (ServerRefused, ServerTimedOut, ServerUnrea
                                       get_json, post_json)
 from gaca_agent.generate.probe import ProbeMismatch, ProbeResult, check, probe
 from gaca_agent.generate.server_engine import (MissingTokenIds, ServerEngine, StaleWeights,
-                                               WeightSyncError, reported_versions,
-                                               sampling_fields, token_starts_from_bytes)
+                                               WeightSyncError)
+from gaca_agent.generate.wire import reported_versions, sampling_fields, token_starts_from_bytes
 from gaca_agent.generate.spans import span_nlls
 
 MESSAGES = [{"role": "user", "content": "go"}]

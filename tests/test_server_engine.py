@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not (has_module("torch") and has_module("peft"))
 
 
 def test_token_ids_in_vllm_and_sglang_forms():
-    from gaca_agent.generate.server_engine import returned_ids
+    from gaca_agent.generate.wire import returned_ids
 
     choice = {"message": {"content": "hi"}}
     vllm = {"prompt_token_ids": [1, 2], "choices": [{**choice, "token_ids": [7, 8]}]}

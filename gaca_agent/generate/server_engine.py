@@ -58,9 +58,8 @@ from gaca_agent.generate.http import (MissingTokenIds, ServerRefused,  # noqa: F
                                       post_json)
 from gaca_agent.generate.spans import span_nlls
 from gaca_agent.generate.versions import Expected, VersionWindow
-from gaca_agent.generate.wire import (NEUTRAL_TOP_K, ServerKind, TokenIds,  # noqa: F401
-                                      reported_versions, returned_ids, sampling_fields,
-                                      token_starts_from_bytes, version_number)
+from gaca_agent.generate.wire import (ServerKind, reported_versions, returned_ids,
+                                      sampling_fields, token_starts_from_bytes, version_number)
 
 class ServerEngine:
     """Chat requests to an inference server; see the module docstring."""
