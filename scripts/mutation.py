@@ -230,6 +230,11 @@ def all_mutants(work: Path) -> list[str]:
                   for name in json.loads(meta.read_text())["exit_code_by_key"])
 
 
+def function_of(name: str) -> str:
+    """The mutated function's mangled name, as mutmut-stats.json keys it."""
+    return name.rsplit("__mutmut_", 1)[0]
+
+
 def tested_functions(work: Path) -> set[str]:
     """The functions that mutmut's clean run saw a test reach (mutmut-stats.json)."""
     stats = json.loads((work / "mutants" / "mutmut-stats.json").read_text())
@@ -245,7 +250,7 @@ def run_sample(area: str, work: Path, children: int, log: Path, percent: float,
     sample = [n for n in all_mutants(work) if in_sample(n, percent)]
     (work / "sample.json").write_text(json.dumps({"percent": percent, "mutants": sample}))
     reached = tested_functions(work)
-    names = [n for n in sample if n.partition("__mutmut_")[0] in reached]
+    names = [n for n in sample if function_of(n) in reached]
     if again:
         done = {r["name"]: r for r in classify(area, work)}
         names = [n for n in names if n not in done or done[n]["kind"] not in
@@ -274,7 +279,7 @@ def classify(area: str, work: Path) -> list[dict]:
             if sample is not None and name not in sample:
                 continue
             if sample is not None and code is None:
-                if name.partition("__mutmut_")[0] in reached:
+                if function_of(name) in reached:
                     continue  # not run yet (a stopped run)
                 code = 33  # no test reaches its function: not caught
             local = name.rsplit(".", 1)[1]
@@ -285,7 +290,7 @@ def classify(area: str, work: Path) -> list[dict]:
                 orig, mutant = funcs[base + "__mutmut_orig"], funcs[local]
                 removed, added = changed_lines(lines, orig, mutant)
                 record.update(removed=removed, added=added)
-                function = name.rsplit("__mutmut_", 1)[0]
+                function = function_of(name)
                 reason = next((e["reason"] for e in equivalents
                                if e["function"] == function and e["added"] == added), None)
                 if message_only(orig, mutant):
@@ -368,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             if again and not args.sample:  # the mutants left last time, with today's tests
                 reached = tested_functions(work)
                 left = [r["name"] for r in summary(area, classify(area, work))["left"]
-                        if r["name"].partition("__mutmut_")[0] in reached]
+                        if function_of(r["name"]) in reached]
                 if left:
                     code = run_mutmut(work, args.children, root / f"{area}.again.log", left)
             print(f"{area}: mutmut exited {code} after {time.time() - t0:.0f} s "
