@@ -98,30 +98,26 @@ def training(suites, staleness, seeds, iterations, out: Path, cores,
                 rows.append(row)
                 print(json.dumps({"training": row}), flush=True)
     for row in rows:  # ratios against K = 0, same suite and seed
-        base = next(r for r in rows if (r["suite"], r["seed"], r["K"]) ==
-                    (row["suite"], row["seed"], 0))
-        row["speedup_vs_k0"] = base["s_per_iteration"] / row["s_per_iteration"]
-        row["success_minus_k0"] = row["heldout_success"] - base["heldout_success"]
+        lockstep = next(r for r in rows if (r["suite"], r["seed"], r["K"]) ==
+                        (row["suite"], row["seed"], 0))
+        row["speedup_vs_k0"] = lockstep["s_per_iteration"] / row["s_per_iteration"]
+        row["success_minus_k0"] = row["heldout_success"] - lockstep["heldout_success"]
     return rows
 
 
 def weight_sync(repeats: int, layers: int) -> dict:
     """Disk vs broadcast into one gaca-serve, a Qwen-shaped model of ``layers`` layers."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
 
     from gaca_agent.generate.server_engine import ServerEngine
     from gaca_agent.generate.transfer import Broadcaster, update_by_broadcast
-    from gaca_agent.policies.tiny_model import build_tokenizer
+    from gpu_check import build
 
     tmp = Path(tempfile.mkdtemp())
-    config = Qwen2Config(vocab_size=32000, hidden_size=512, intermediate_size=1536,
-                         num_hidden_layers=layers, num_attention_heads=8,
-                         num_key_value_heads=2, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(tmp / "model")
-    build_tokenizer().save_pretrained(tmp / "model")
+    shape = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536,
+                 num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                 tie_word_embeddings=True)
+    model = build(str(tmp / "model"), shape, "cpu")
     proc, base = start_gaca_serve(str(tmp / "model"), "tiny",
                                   env={"OMP_NUM_THREADS": "1"})
     engine = ServerEngine(base, "tiny", AutoTokenizer.from_pretrained(tmp / "model"),

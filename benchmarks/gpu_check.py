@@ -51,7 +51,9 @@ def emit(kind: str, **fields) -> None:
     print(json.dumps({"check": kind, **fields}), flush=True)
 
 
-def build(path: str, shape: dict, device) -> None:
+def build(path: str, shape: dict, device):
+    """A Qwen2 model of ``shape`` (seed 0) with the tiny tokenizer, saved at ``path``;
+    returns the model."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -63,6 +65,7 @@ def build(path: str, shape: dict, device) -> None:
         model = Qwen2ForCausalLM(config)
     model.save_pretrained(path)
     build_tokenizer().save_pretrained(path)
+    return model
 
 
 def rollout(learner, tok, n: int, prompt: int, new: int, device) -> None:
