@@ -158,6 +158,12 @@ def test_the_producer_runs_ahead_and_a_checkpoint_keeps_what_it_collected():
     assert [b.iteration for b in run_learner(resumed, 8, start=1)] == list(range(1, 8))
     assert [it for it, _, _ in resumed_calls.calls] == [3, 4, 5, 6, 7]  # 1, 2 kept
     assert [v for _, v, _ in resumed_calls.calls] == [1, 2, 3, 4, 5]
+    # a finished run extended (its last checkpoint kept nothing ahead): the server has only
+    # the checkpoint's version 8, so the first iterations are sampled by it, not by 6 and 7
+    extended_calls = Recorder(ref)
+    extended = ref[0] = Producer(extended_calls, 8, 11, 2, synced=8)
+    assert [b.version for b in run_learner(extended, 11, start=8)] == [8, 8, 8]
+    assert [(it, v) for it, v, _ in extended_calls.calls] == [(8, 8), (9, 8), (10, 8)]
 
 
 def test_a_failing_producer_stops_the_learner_with_its_reason():
@@ -184,6 +190,60 @@ def test_stale_groups_are_dropped_and_counted():
     assert episodes[0].failed and "more than 2 weight versions" in episodes[0].error
     assert not episodes[1].failed and not episodes[2].failed  # -1: unknown, kept
     assert drop_stale(rollout, 4, 3) == 0
+
+
+class Ranks:
+    """An accelerator of one rank among two: the other rank's reduce and gather inputs are
+    recorded first (``other=None``), then combined with this rank's as the collectives
+    would."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, other=None):
+        self.other, self.sent = other, []
+
+    def reduce(self, t, reduction):
+        assert reduction == "sum"
+        self.sent.append(t)
+        return t if self.other is None else t + self.other.sent[0]
+
+    def gather(self, t):
+        import torch
+
+        self.sent.append(t)
+        return t if self.other is None else torch.cat([t, self.other.sent[1]])
+
+
+def test_staleness_metrics_over_two_ranks_are_those_of_their_union():
+    from types import SimpleNamespace
+
+    from gaca_agent.steps import StepTable
+    from gaca_agent.training.iteration import staleness_metrics
+
+    def table(versions, lengths):
+        t = StepTable.from_tokens([[1]] * len(versions), [[2] * n for n in lengths],
+                                  [[-0.1] * n for n in lengths])
+        return t.with_columns(policy_version=np.array(versions))
+
+    a = table([5, 4, -1], [2, 6, 9])  # iteration 5: 0 and 1 behind; -1: not known
+    b = table([3, 4], [1, 3])  # 2 and 1 behind
+    one = SimpleNamespace(num_processes=1, device="cpu")
+    union = staleness_metrics(one, StepTable.concat([a, b]), 5, 3, 1.0)
+    assert union == {"async/stale_min": 0.0, "async/stale_max": 2.0,
+                     "async/stale_mean": pytest.approx((0 * 2 + 1 * 6 + 2 * 1 + 1 * 3) / 12),
+                     "async/dropped_groups": 3.0, "async/wait_s": 1.0}
+    other = Ranks()
+    staleness_metrics(other, b, 5, 1, 3.0)
+    both = staleness_metrics(Ranks(other), a, 5, 2, 1.0)
+    assert both == {**union, "async/wait_s": 2.0}  # the ranks' mean wait
+    unknown = table([-1], [4])
+    assert staleness_metrics(one, unknown, 5, 0, 0.0) == {
+        "async/stale_min": 0.0, "async/stale_max": 0.0, "async/stale_mean": 0.0,
+        "async/dropped_groups": 0.0, "async/wait_s": 0.0}
+    other = Ranks()
+    staleness_metrics(other, unknown, 5, 0, 0.0)  # a rank with no known version
+    alone = staleness_metrics(Ranks(other), b, 5, 0, 0.0)
+    assert (alone["async/stale_min"], alone["async/stale_max"]) == (1.0, 2.0)
 
 
 def test_the_version_window_accepts_what_was_fixed_at_submission(scripted):
@@ -508,6 +568,44 @@ def test_gaca_serve_holds_or_refuses_requests_while_paused(tiny_model_path):
         server.shutdown()
         server.server_close()
         model.close()
+
+
+@needs_model
+def test_an_asynchronous_run_in_process_then_resumed(tmp_path, fresh_serve, fresh_accelerate):
+    """The loop itself in the test process (the slow tests run it as a program): one step
+    stale through a real gaca-serve with the full weights broadcast; every sync probed at
+    both temperatures; then resumed from its checkpoint for two more iterations."""
+    from gaca_agent.training.loop import train
+
+    args = ["iterations=2", "eval_every=0", "checkpoint_every=1", "env.groups=2",
+            "env.group_size=2", "learner.lr=0.01", "learner.kl_coef=0.0",
+            "learner.old_logprobs=recompute", "learner.tis_cap=2", "warmup.bc_steps=5",
+            "warmup.bc_episodes=2", "keep_rollouts=tokens", f"out_dir={tmp_path}",
+            "name=inproc", "model.engine=server", f"server.base_url={fresh_serve}",
+            "server.model=tiny", "server.kind=sglang", "server.weight_transfer=broadcast",
+            "model.max_new_tokens=12", "max_staleness=1"]
+    run = train(load_config("gaca_agent/configs/default.yaml", args), progress=False)
+    assert run == tmp_path / "inproc"
+    assert sorted(rows_of(run)) == [-1, 0, 1]
+    assert (run / "checkpoints" / "iter-00000" / "ahead.rank0.pkl").exists()
+    resumed = train(load_config("gaca_agent/configs/default.yaml",
+                                [*args, "iterations=4"]), resume=run, progress=False)
+    assert resumed == run
+    rows = rows_of(run)
+    assert sorted(rows) == [-1, 0, 1, 2, 3]
+    assert rows[-1]["sync/version"] == 0 and rows[-1]["probe/mean_gap"] < 1e-4
+    for it in range(4):
+        r = rows[it]
+        # the resumed run's server has only the checkpoint's version 2: iteration 2 starts
+        # on it (its checkpoint, the finished run's last, kept no batch collected ahead)
+        version = max(0, it - 1) if it < 2 else max(2, it - 1)
+        assert {s["policy_version"] for s in steps_of(run, it)} == {version}, it
+        assert r["async/stale_min"] == r["async/stale_max"] == r["async/stale_mean"] == \
+            it - version
+        assert r["async/dropped_groups"] == 0 and r["async/wait_s"] >= 0
+        assert r["sync/version"] == it + 1 and r["train/tokens"] > 0
+        assert r["probe/mean_gap"] < 1e-4 and r["probe_eval/mean_gap"] < 1e-4  # 1.0 and 0.4
+        assert 0 < r["perf/server_busy"] <= 1
 
 
 ASYNC = """

@@ -63,13 +63,10 @@ def staleness_metrics(acc, table, iteration: int, dropped: int,
     low = float(behind[known].min()) if known.any() else float("inf")
     high = float(behind[known].max()) if known.any() else float("-inf")
     if acc.num_processes > 1:
-        import torch.distributed as dist
-
         t = torch.tensor(values, dtype=torch.float64, device=acc.device)
         values = acc.reduce(t, reduction="sum").tolist()
-        ends = torch.tensor([-low, high], dtype=torch.float64, device=acc.device)
-        dist.all_reduce(ends, op=dist.ReduceOp.MAX)
-        low, high = -float(ends[0]), float(ends[1])
+        ends = acc.gather(torch.tensor([[low, high]], dtype=torch.float64, device=acc.device))
+        low, high = float(ends[:, 0].min()), float(ends[:, 1].max())
     weighted, n, dropped_all, waited = values
     return {"async/stale_min": low if n else 0.0, "async/stale_max": high if n else 0.0,
             "async/stale_mean": weighted / n if n else 0.0,

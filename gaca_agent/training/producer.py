@@ -18,7 +18,11 @@ K + 1), so no sync waits.
 Exact resume: a checkpoint after iteration i holds the batches of i + 1 .. i + K, which
 were collected before it was written (:meth:`Producer.ahead`); the resumed producer
 starts at i + K + 1 with the checkpoint's weights, version i + 1: what the uninterrupted
-run would have used.
+run would have used. A checkpoint that kept fewer (the last one of a finished run that
+``--resume ... iterations=N`` extends, or a larger ``max_staleness`` than the run had)
+leaves iterations whose version is older than the checkpoint's: the server no longer has
+it, so they are sampled by the checkpoint's weights (no version is older than the one a
+producer starts with).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Producer:
         self.pinned, self.drain = pinned, drain
         self.ready: dict[int, Batch] = {b.iteration: b for b in ready or []}
         self.synced = synced  # the newest weight version the server has
+        self.oldest = synced  # older versions are not on the server (a resumed run)
         self.collected = max([start - 1, *self.ready])  # every iteration up to it is done
         self.error: BaseException | None = None
         self.stopping = False
@@ -90,7 +95,7 @@ class Producer:
         self._thread.start()
 
     def version_for(self, iteration: int) -> int:
-        return max(0, iteration - self.k)
+        return max(self.oldest, iteration - self.k)
 
     def _run(self) -> None:
         try:
