@@ -571,7 +571,8 @@ def test_gaca_serve_holds_or_refuses_requests_while_paused(tiny_model_path):
 
 
 @needs_model
-def test_an_asynchronous_run_in_process_then_resumed(tmp_path, fresh_serve, fresh_accelerate):
+def test_an_asynchronous_run_in_process_then_resumed(tmp_path, fresh_serve, fresh_accelerate,
+                                                    capsys):
     """The loop itself in the test process (the slow tests run it as a program): one step
     stale through a real gaca-serve with the full weights broadcast; every sync probed at
     both temperatures; then resumed from its checkpoint for two more iterations."""
@@ -589,8 +590,13 @@ def test_an_asynchronous_run_in_process_then_resumed(tmp_path, fresh_serve, fres
     assert sorted(rows_of(run)) == [-1, 0, 1]
     assert (run / "checkpoints" / "iter-00000" / "ahead.rank0.pkl").exists()
     resumed = train(load_config("gaca_agent/configs/default.yaml",
-                                [*args, "iterations=4"]), resume=run, progress=False)
+                                [*args, "iterations=4", "keep_rollouts=true"]),
+                    resume=run, progress=False)
     assert resumed == run
+    lines = [x for x in capsys.readouterr().out.splitlines() if " iteration " in x]
+    assert [x.split(":")[0] for x in lines] == [f"inproc iteration {i}/{n}"
+                                                for i, n in ((1, 2), (2, 2), (3, 4), (4, 4))]
+    assert "response_ids" in steps_of(run, 1)[0] and "response_ids" not in steps_of(run, 2)[0]
     rows = rows_of(run)
     assert sorted(rows) == [-1, 0, 1, 2, 3]
     assert rows[-1]["sync/version"] == 0 and rows[-1]["probe/mean_gap"] < 1e-4

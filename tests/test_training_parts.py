@@ -134,8 +134,10 @@ def test_rollout_metrics_count_finished_episodes():
     assert empty["rollout/success"] == 0.0 and empty["rollout/format_invalid"] == 0.0
 
 
-@pytest.mark.parametrize("anchor", ["state", "observation"])
-def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, fresh_accelerate):
+@pytest.mark.parametrize("anchor,similarity", [("state", None), ("observation", None),
+                                                ("state", 0.5)])
+def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, similarity,
+                                                                 fresh_accelerate):
     from accelerate import Accelerator
 
     from gaca_agent.advantages import compute
@@ -144,9 +146,11 @@ def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, fresh_a
     rollout = collected([(0, 5), (1, 6)], 4)
     table = rollout.training_table()
     cfg = load_config(None, ["algo.estimator=gigpo", f"algo.anchor={anchor}"])
+    if similarity is not None:  # GiGPO's similarity grouping reads the observation texts
+        cfg.algo.params["similarity"] = similarity
     adv, diag, weight = estimate(Accelerator(cpu=True), cfg, table)
-    expected, _, rows = compute("gigpo", step_batch(table.scalars(anchor=anchor)), details=True,
-                                **cfg.algo.params)
+    scalars = table.scalars(with_observation=similarity is not None, anchor=anchor)
+    expected, _, rows = compute("gigpo", step_batch(scalars), details=True, **cfg.algo.params)
     assert np.array_equal(adv, expected) and np.array_equal(weight, rows["weight"])
     assert len(adv) == len(table) and diag
 
@@ -277,3 +281,21 @@ def test_a_failed_load_or_probe_stops_with_the_version_and_reason(tmp_path, caps
     warned = capsys.readouterr().out
     assert warned.count("ignores the request seed") == 1
     assert sync(3)["probe/seed_honoured"] == 0.0
+
+
+def test_a_run_whose_server_is_gone_stops_naming_the_stage_and_the_resume(tmp_path,
+                                                                         fresh_accelerate):
+    from conftest import free_port
+    from gaca_agent.training.loop import TrainingStopped, train
+
+    cfg = load_config(str(DEFAULT), [
+        f"out_dir={tmp_path}", "name=gone", "iterations=1", "eval_every=0",
+        "warmup.bc_steps=0", "model.engine=server", "server.model=tiny", "server.retries=0",
+        f"server.base_url=http://127.0.0.1:{free_port()}/v1", "learner.old_logprobs=recompute"])
+    with pytest.raises(TrainingStopped) as stopped:
+        train(cfg, progress=False)
+    message = str(stopped.value)
+    assert message.startswith("the warm-up stopped: WeightSyncError: weight sync of version 0")
+    assert message.endswith(f"no checkpoint yet: gaca-train --resume {tmp_path / 'gone'} "
+                            "starts it over")
+    assert stopped.value.latest is None and stopped.value.run_dir == tmp_path / "gone"

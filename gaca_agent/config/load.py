@@ -125,7 +125,18 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
 
 
 def _describe(hint: Any) -> str:
-    return " or ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(hint))
+    """A union's values in the config's own words: ``true, false or 'tokens'``."""
+    words: list[str] = []
+    for a in typing.get_args(hint):
+        if a is bool:
+            words += ["true", "false"]
+        elif a is type(None):
+            words.append("null")
+        elif typing.get_origin(a) is Literal:
+            words += [repr(v) for v in typing.get_args(a)]
+        else:
+            words.append(getattr(a, "__name__", str(a)))
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
