@@ -420,6 +420,111 @@ def test_a_broadcast_is_sent_paused_in_the_servers_own_words(kind, pause, resume
     assert engine.synced_to is None
 
 
+def test_vllm_broadcast_speaks_vllms_weight_transfer_api(monkeypatch):
+    """vLLM's NCCL end cannot run here: its trainer functions are stood in by fakes with
+    vLLM 0.33's signatures (keyword-only where vLLM's are), and what the learner sends to
+    the server and to those functions is checked: the init payload built by vLLM's own
+    function from our rendezvous, the update's names, dtypes and shapes, its label, the
+    shutdown; without vllm installed, one line saying what to use instead."""
+    import sys
+    import types
+
+    from gaca_agent.generate.http import WeightSyncError
+    from gaca_agent.generate.transfer import VLLMBroadcaster
+
+    calls = []
+
+    def build_worker_init_payload(init_info, *, packed=False,
+                                  packed_buffer_size_bytes=1 << 30, packed_num_buffers=2):
+        calls.append(("payload", vars(init_info), packed, packed_buffer_size_bytes,
+                      packed_num_buffers))
+        return {"built": True}
+
+    def trainer_init(init_info, rank=0):
+        calls.append(("trainer_init", dict(init_info), rank))
+        return "communicator"
+
+    def packed_nccl_broadcast_producer(iterator, group, src, post_iter_func,
+                                       buffer_size_bytes=1 << 30, num_buffers=2):
+        items = [post_iter_func(item) for item in iterator]
+        calls.append(("broadcast", items, group, src, buffer_size_bytes, num_buffers))
+
+    class Tensor:  # what send reads of a learner tensor (.cuda() needs a GPU)
+        def __init__(self, shape, dtype, nbytes):
+            self.shape, self.dtype, self.nbytes = shape, dtype, nbytes
+
+        def cuda(self):
+            return ("on-gpu", self.shape)
+
+        def numel(self):
+            return self.nbytes
+
+        def element_size(self):
+            return 1
+
+    nccl = types.SimpleNamespace(build_worker_init_payload=build_worker_init_payload,
+                                 trainer_init=trainer_init)
+    packed = types.SimpleNamespace(packed_nccl_broadcast_producer=packed_nccl_broadcast_producer,
+                                   DEFAULT_PACKED_NUM_BUFFERS=3)
+    module = types.ModuleType("vllm.distributed.weight_transfer")
+    module.nccl_common, module.packed_tensor = nccl, packed
+    for name in ("vllm", "vllm.distributed"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer", module)
+
+    class Engine:
+        base_url = "http://server/v1"
+
+        def __init__(self):
+            self.calls = []
+
+        def _admin(self, endpoint, body=None):
+            self.calls.append((endpoint, body))
+
+    engine = Engine()
+    sender = VLLMBroadcaster(engine, host="10.0.0.5", port=29123, timeout_s=5,
+                             bucket_bytes=4096)
+    named = [("w", Tensor([2, 3], "torch.bfloat16", 12)), ("b", Tensor([3], "torch.float32", 12))]
+    out = sender.send(named, "run-v4")
+    rendezvous = {"master_address": "10.0.0.5", "master_port": 29123, "world_size": 2}
+    assert calls[0] == ("payload", rendezvous, True, 4096, 3)
+    assert calls[1] == ("trainer_init", rendezvous, 0) and sender.group == "communicator"
+    assert calls[2] == ("broadcast", [("on-gpu", [2, 3]), ("on-gpu", [3])], "communicator", 0,
+                        4096, 3)
+    assert engine.calls == [
+        ("init_weight_transfer_engine", {"init_info": {"built": True}}),
+        ("start_weight_update", None),
+        ("update_weights", {"update_info": {"names": ["w", "b"],
+                                            "dtype_names": ["bfloat16", "float32"],
+                                            "shapes": [[2, 3], [3]]}}),
+        ("finish_weight_update", {"weight_version": "run-v4"})]
+    assert out["perf/sync_bytes"] == 24.0 and out["perf/broadcast_s"] >= 0
+    sender.close()
+    assert engine.calls[-1] == ("shutdown_weight_transfer_engine", None) and sender.group is None
+    monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer", None)
+    with pytest.raises(WeightSyncError, match="needs vllm installed where the learner runs.*"
+                                              "server.weight_transfer: disk"):
+        VLLMBroadcaster(Engine()).open()
+
+
+def test_a_bucket_unflattens_into_its_named_tensors_or_says_what_does_not_add_up():
+    import torch
+
+    from gaca_agent.generate.transfer import flatten, unflatten
+
+    bucket = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+              ("b", torch.tensor([1.5, -2.0], dtype=torch.bfloat16))]
+    flat, names, dtypes, shapes = flatten(bucket)
+    assert (names, dtypes, shapes) == (["a", "b"], ["float32", "bfloat16"], [[2, 3], [2]])
+    back = unflatten(flat, names, dtypes, shapes)
+    assert [n for n, _ in back] == ["a", "b"]
+    assert all(torch.equal(x, y) and x.dtype == y.dtype for (_, x), (_, y) in zip(back, bucket))
+    with pytest.raises(ValueError, match="holds 28 bytes, its tensors 24"):
+        unflatten(flat, ["a"], ["float32"], [[2, 3]])
+    with pytest.raises(ValueError):  # a name without its dtype and shape
+        unflatten(flat, ["a", "b", "c"], dtypes, shapes)
+
+
 def test_a_failed_collective_names_the_end_that_failed():
     from gaca_agent.generate.http import WeightSyncError
     from gaca_agent.generate.transfer import Broadcaster
@@ -436,9 +541,14 @@ def test_a_failed_collective_names_the_end_that_failed():
     with pytest.raises(WeightSyncError, match="sending X failed on the server: "
                                               "RuntimeError: this end broke"):
         sender._both(boom, lambda: None, "sending X")
+    hung = threading.Event()
     with pytest.raises(WeightSyncError, match="failed on the server: TimeoutError: no "
                                               "answer in 0.5 s"):
-        sender._both(lambda: time.sleep(3), lambda: None, "sending X")
+        sender._both(lambda: hung.wait(30), lambda: None, "sending X")
+    # the request still waiting does not keep the stopped run's process from exiting
+    waiting = [t for t in threading.enumerate() if t.name == "gaca-weight-request"]
+    assert len(waiting) == 1 and waiting[0].daemon
+    hung.set()
     assert sender._both(lambda: None, lambda: 7, "sending X") == 7
 
 

@@ -6,10 +6,13 @@ which flag to fix. No model is needed (the ids come from the scripted answers)."
 from __future__ import annotations
 
 import json
+import math
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from gaca_agent.generate.http import (ServerRefused, ServerTimedOut, ServerUnreachable,
@@ -166,6 +169,12 @@ def test_ids_and_log_probs_must_pair_and_finish_reasons_are_kept(scripted):
     assert c.nll == {"response": 0.5, "action": 0.5, "think": 0.5}
     s.script["/v1/chat/completions"] = [(200, chat(finish="stop"))]
     assert engine(s).complete(MESSAGES, 4, 1.0).finish_reason == "stop"
+    for missing, where in (("token_ids", "completion"), ("prompt_token_ids", "prompt")):
+        reply = chat()
+        (reply["choices"][0] if missing == "token_ids" else reply).pop(missing)
+        s.script["/v1/chat/completions"] = [(200, reply)]
+        with pytest.raises(MissingTokenIds, match=f"returned no {where} token ids for "):
+            engine(s, require_ids=True).complete(MESSAGES, 4, 1.0)
     s.script["/v1/chat/completions"] = [(200, {"choices": []})]
     with pytest.raises(RuntimeError, match="without choices"):
         engine(s).complete(MESSAGES, 4, 1.0)
@@ -278,7 +287,7 @@ def test_admin_calls_carry_the_admin_key_and_use_each_servers_paths(scripted):
 def test_http_retries_only_where_sending_again_is_safe(scripted):
     s = scripted({"/busy": [(429, {}), (503, {}), (200, {"ok": 1})],
                   "/bad": [(400, {"error": {"message": "no", "param": "top_k"}})],
-                  "/down": [(502, {"error": {"message": "still down"}})],
+                  "/down": [(502, {"error": {"message": "still down", "param": "model"}})],
                   "/slow": [("stall", 1.5)], "/text": [(200, "plain")]})
     assert post_json(s.root + "/busy", {}, retries=3, backoff_s=0.01) == {"ok": 1}
     assert s.paths() == ["/busy"] * 3
@@ -291,9 +300,9 @@ def test_http_retries_only_where_sending_again_is_safe(scripted):
         post_json(s.root + "/bad", {}, retries=3, backoff_s=0.01)
     assert (bad.value.status, bad.value.param) == (400, "top_k")
     assert s.paths().count("/bad") == 1
-    with pytest.raises(ServerRefused, match="still down.*after 3 tries"):
+    with pytest.raises(ServerRefused, match="still down.*after 3 tries") as down:
         post_json(s.root + "/down", {}, retries=2, backoff_s=0.01)
-    assert s.paths().count("/down") == 3
+    assert s.paths().count("/down") == 3 and (down.value.status, down.value.param) == (502, "model")
     with pytest.raises(ServerTimedOut, match="not sent again"):
         post_json(s.root + "/slow", {}, timeout_s=0.3, retries=3, backoff_s=0.01)
     assert s.paths().count("/slow") == 1
@@ -360,7 +369,9 @@ def test_probe_measures_the_gap_and_names_the_fix():
     far = ProbeResult(0.5, 3, 1.0, 2.0, 0.9, True)
     with pytest.raises(ProbeMismatch, match="generation-config vllm"):
         check(far, 0.1, "vllm")
-    with pytest.raises(ProbeMismatch, match="sampling-defaults openai"):
+    with pytest.raises(ProbeMismatch, match=re.escape(
+            "--sampling-defaults openai (no sampling defaults from the model's "
+            "generation_config.json) and check that the server serves the weights")):
         check(far, 0.1, "sglang")
 
 
@@ -426,3 +437,90 @@ def test_a_completion_ends_at_its_eos_or_first_stop_string():
     ended = finish(Chars(), {0}, Request((1,), 8), [97, 0, 98], [-1.0, -2.0, -3.0], [0.5] * 3)
     assert (ended.text, ended.finish_reason, ended.completion_ids) == ("a", "stop", [97, 0])
     assert ended.logprobs == [-1.0, -2.0] and ended.entropies == [0.5, 0.5]
+
+
+def test_the_keyed_sampler_records_what_it_chose_and_its_top_and_entropy():
+    """Greedy rows take the argmax; the scores handed back make greedy selection take the
+    sampled token; log-probs, top-k pairs (plain softmax when greedy) and entropies are
+    the distribution's; a top-p nucleus bounds what is drawn."""
+    import torch
+
+    from gaca_agent.generate.engines import KeyedSampler, nucleus
+
+    scores = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.5, 0.0]])
+    plain = torch.log_softmax(scores, -1)
+    greedy = KeyedSampler([1, 2], 0.0, with_entropy=True, top_k=2)
+    out = greedy(None, scores)
+    assert out[0].tolist() == [0.0, -math.inf, -math.inf, -math.inf]
+    assert out[1].tolist() == [-math.inf, 0.0, -math.inf, -math.inf]
+    assert np.allclose(greedy.logprobs(), [[plain[0, 0]], [plain[1, 1]]])
+    top = greedy.top()
+    assert [[i for i, _ in step] for step in (top[0][0], top[1][0])] == [[0, 1], [1, 2]]
+    assert np.allclose([v for _, v in top[0][0]], plain[0, :2])
+    p = plain.exp()
+    assert np.allclose(greedy.entropies(), (-(p * plain).sum(-1)).unsqueeze(1))
+    assert KeyedSampler([1], 1.0).entropies() is None and KeyedSampler([1], 1.0).top() is None
+    assert KeyedSampler([7, 8], 1.0, with_entropy=True).entropies() == [[], []]
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = nucleus(probs.log(), 0.7)
+    assert np.allclose(kept[0, :2], probs.log()[0, :2]) and kept[0, 2:].tolist() == [-math.inf] * 2
+    assert nucleus(probs.log(), 0.4)[0].isfinite().tolist() == [True, False, False, False]
+    drawn = set()
+    for key in range(60):  # keyed draws at T = 1 inside the 0.7 nucleus: tokens 0 and 1 only
+        sampler = KeyedSampler([key], 1.0, top_p=0.7)
+        drawn.add(int(sampler(None, probs.log()).argmax()))
+    assert drawn == {0, 1}
+
+
+def test_the_hf_engine_decodes_as_a_plain_greedy_loop(tiny_model_path):
+    """Greedy rows of different lengths in one batch: the ids a token-by-token argmax over
+    the model gives, each row cut at its own max_new_tokens (not the model's own
+    generation settings)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gaca_agent.generate.engines import HFEngine, Request, eos_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model.generation_config.do_sample, model.generation_config.max_new_tokens = True, 1
+    prompts = [tuple(tokenizer("go north")["input_ids"]), tuple(tokenizer("a b c")["input_ids"])]
+    out = HFEngine(model, tokenizer, device="cpu").generate(
+        [Request(prompts[0], 6, 0.0), Request(prompts[1], 3, 0.0)])
+    eos = eos_ids(model, tokenizer)
+    for request, got in zip(((prompts[0], 6), (prompts[1], 3)), out):
+        ids = list(request[0])
+        for _ in range(request[1]):
+            with torch.no_grad():
+                token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(token)
+            if token in eos:
+                break
+        assert got.completion_ids == ids[len(request[0]):]
+
+
+def test_the_paged_engine_decodes_greedy_rows_as_the_hf_engine(tiny_model_path, monkeypatch):
+    """transformers' continuous batching gives a greedy row the hf engine's ids (each at its
+    own max_new_tokens), and samples from the full distribution at the request's
+    temperature, whatever sampling defaults the model ships."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gaca_agent.generate.engines import HFEngine, PagedEngine, Request
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="paged|eager")
+    requests = [Request(tuple(tokenizer("go north")["input_ids"]), 5, 0.0),
+                Request(tuple(tokenizer("a b c")["input_ids"]), 3, 0.0)]
+    paged = PagedEngine(model, tokenizer, device="cpu").generate(requests)
+    hf = HFEngine(model, tokenizer, device="cpu").generate(requests)
+    assert [c.completion_ids for c in paged] == [c.completion_ids for c in hf]
+    assert [len(c.logprobs) for c in paged] == [len(c.completion_ids) for c in paged]
+    with pytest.raises(ValueError, match="does not support top_p < 1"):
+        PagedEngine(model, tokenizer).generate([Request((1, 2), 3, 1.0, top_p=0.9)])
+    seen = []
+    monkeypatch.setattr(model, "generate_batch", lambda ids, config, **kw: seen.append(config)
+                        or {})
+    model.generation_config.top_p, model.generation_config.top_k = 0.8, 20  # as Qwen2.5's
+    PagedEngine(model, tokenizer, device="cpu")._batch([], 4, 0.7)
+    assert (seen[0].do_sample, seen[0].temperature, seen[0].top_p, seen[0].top_k) == \
+        (True, 0.7, 1.0, 0)

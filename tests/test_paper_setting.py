@@ -172,6 +172,14 @@ def test_verl_agent_prompt_modules_work_unmodified(tmp_path):
     broken.write_text('X_TEMPLATE = "{current_observation} {nope}"\nX_TEMPLATE_NO_HIS = "{current_observation}"\n')
     with pytest.raises(ValueError, match="not one of"):
         PromptBuilder(template_file=str(broken)).build(Turn("e", "t", "o", ("a",)))
+    padded = tmp_path / "padded.txt"  # str.format's own format specs are fields too
+    padded.write_text("[{step_count:>3}] {current_observation:.5}")
+    assert PromptBuilder(template_file=str(padded)).build(
+        Turn("e", "t", "observed", ("a",))) == "[  0] obser"
+    bare = tmp_path / "bare.txt"
+    bare.write_text("{task_description}: current_observation")
+    with pytest.raises(ValueError, match="bare.txt lacks the field 'current_observation'"):
+        PromptBuilder(template_file=str(bare)).build(Turn("e", "t", "o", ("a",)))
 
 
 def test_builtin_prompts_follow_verl_agents_structure():

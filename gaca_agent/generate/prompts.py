@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import re
+import string
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -54,14 +55,17 @@ class Templates:
 
 
 def _check(text: str, where: str) -> str:
-    if "{current_observation}" not in text:
-        raise ValueError(f"template {where} lacks the field 'current_observation'; "
-                         f"fields: {FIELDS}")
+    """``text`` if it is a template of :data:`FIELDS` (``str.format`` fields, format specs
+    allowed) holding ``current_observation``; else a ValueError naming ``where``."""
     try:
+        names = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
         text.format(**dict.fromkeys(FIELDS, ""))
     except (KeyError, IndexError, ValueError) as err:
         raise ValueError(f"template {where} has a field that is not one of {FIELDS}: "
                          f"{err}") from None
+    if "current_observation" not in names:
+        raise ValueError(f"template {where} lacks the field 'current_observation'; "
+                         f"fields: {FIELDS}")
     return text
 
 

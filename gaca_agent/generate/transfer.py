@@ -131,7 +131,7 @@ class Broadcaster:
             except BaseException as err:  # noqa: BLE001 - reported below
                 outcome["error"] = err
 
-        thread = threading.Thread(target=call, daemon=True)
+        thread = threading.Thread(target=call, name="gaca-weight-request", daemon=True)
         thread.start()
         try:
             result = own_part()
