@@ -364,3 +364,193 @@ def test_a_tokens_bytes_are_its_own_even_half_a_character():
     assert api.token_bytes(tok, 3, byte_level) == list("€x".encode())
     assert api.token_bytes(tok, 2, None) == list("\ufffd".encode())
     assert api.token_bytes(tok, 4, None) == list(b"<s>")
+
+
+def test_gaca_serve_receives_a_broadcast_bit_equal_and_refuses_what_it_cannot(tiny_model_path):
+    """gaca-serve's receiver in this process, the learner's end in another: per-tensor
+    buckets land in the served weights bit for bit, a flattened bfloat16 bucket as the
+    served dtype, each labelled; /weight_checker compares; a group that is missing, exists
+    already or needs NCCL on a CPU server is refused with its parameter named."""
+    import hashlib
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from broadcast_probe import moved
+    from gaca_agent.generate.http import ServerRefused, get_json, post_json
+    from gaca_agent.serving.app import ChatModel, make_server
+
+    model = ChatModel(tiny_model_path, "tiny", max_tokens=4)
+    server = make_server(model, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = f"http://127.0.0.1:{server.server_port}"
+
+    def refused(path, body, param, words):
+        with pytest.raises(ServerRefused, match=words) as err:
+            post_json(root + path, body, retries=0)
+        assert (err.value.status, err.value.param) == (400, param)
+
+    try:
+        here = Path(__file__).parent
+        learner = subprocess.run([sys.executable, str(here / "broadcast_probe.py"), root,
+                                  tiny_model_path, "5"], cwd=here.parent, capture_output=True,
+                                 text=True, timeout=300)
+        assert learner.returncode == 0, learner.stderr[-3000:]
+        expected = dict(moved(tiny_model_path, 5))
+        for name, _ in list(expected.items())[1:4]:  # sent (again) in bfloat16
+            expected[name] = expected[name].bfloat16().float()
+        digests = {k: hashlib.sha256(v.contiguous().view(-1).view(torch.uint8).numpy())
+                   .hexdigest() for k, v in expected.items()}
+        assert post_json(root + "/weight_checker", {"action": "checksum"},
+                         retries=0)["checksums"] == digests
+        assert post_json(root + "/weight_checker", {"action": "compare", "baseline": digests},
+                         retries=0) == {"match": True, "mismatches": []}
+        first = next(iter(digests))
+        assert post_json(root + "/weight_checker",
+                         {"action": "compare", "baseline": {**digests, first: "0"}},
+                         retries=0) == {"match": False, "mismatches": [first]}
+        assert get_json(root + "/get_weight_version", retries=0) == {"weight_version": "run-v2"}
+        assert model.receiver.groups == {}  # the learner left its group
+        refused("/weight_checker", {"action": "sum"}, "action", "checksum or compare")
+        refused("/weight_checker", {"action": "compare"}, "baseline", "requires a 'baseline'")
+        spec = {"names": ["w"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "probe"}
+        refused("/update_weights_from_distributed", spec, "group_name", "POST /init_weights")
+        refused("/update_weights_from_distributed", {"names": ["w"]}, "names", "give names")
+        group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                 "world_size": 2, "group_name": "g"}
+        refused("/init_weights_update_group", {**group, "backend": "nccl"}, "backend", "gloo")
+        refused("/init_weights_update_group", group, "backend", "gloo")  # SGLang's default
+        refused("/init_weights_update_group", {"master_address": "127.0.0.1"},
+                "master_address", "give master_address, master_port")
+        model.receiver.groups["g"] = "joined"
+        refused("/init_weights_update_group", {**group, "backend": "gloo"}, "group_name",
+                "'g' exists already")
+        refused("/destroy_weights_update_group", {"group_name": "other"}, "group_name",
+                "does not exist")
+    finally:
+        server.shutdown()
+        server.server_close()
+        model.close()
+
+
+def test_admin_replies_are_in_the_servers_own_forms(tiny_model_path, tmp_path):
+    """What SGLang's and vLLM's clients read back: /health, the version label, a disk
+    update's success or failure body, collective_rpc's results, a full queue's Retry-After,
+    pause_generation's default (abort); each refusal names its parameter."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from gaca_agent.serving.app import ChatModel, make_server
+
+    model = ChatModel(tiny_model_path, "tiny", max_tokens=4)
+    server = make_server(model, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = f"http://127.0.0.1:{server.server_port}"
+
+    def call(path, body=None, method="POST"):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(root + path, data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                return reply.status, json.loads(reply.read()), reply.headers
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read()), err.headers
+
+    def refused(path, body, param):
+        status, reply, _ = call(path, body)
+        assert (status, reply["error"]["param"]) == (400, param), reply
+
+    try:
+        assert call("/health", method="GET")[:2] == (200, {"status": "ok"})
+        assert call("/update_weight_version", {"new_version": "x1"})[:2] == \
+            (200, {"success": True, "new_version": "x1"})
+        refused("/update_weight_version", [1], "new_version")
+        refused("/update_weights_from_disk", {}, "model_path")
+        status, reply, _ = call("/update_weights_from_disk",
+                                {"model_path": str(tmp_path / "none")})
+        assert status == 400 and reply["success"] is False and reply["message"]
+        assert reply["num_paused_requests"] == 0
+        assert call("/update_weights_from_disk", {"model_path": tiny_model_path,
+                                                  "weight_version": "disk-1"})[:2] == \
+            (200, {"success": True, "message": "Succeeded to update model weights.",
+                   "num_paused_requests": 0})
+        assert call("/get_weight_version", method="GET")[1] == {"weight_version": "disk-1"}
+        refused("/collective_rpc", {"method": "save"}, "method")
+        refused("/collective_rpc", {"method": "reload_weights", "kwargs": {"path": "x"}},
+                "kwargs")
+        assert call("/collective_rpc", {"method": "reload_weights",
+                                        "kwargs": {"weights_path": tiny_model_path}})[:2] == \
+            (200, {"results": [None]})
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}
+        assert call("/pause_generation", {})[0] == 200  # no mode: SGLang's abort
+        assert call("/v1/chat/completions", chat)[0] == 503
+        assert call("/continue_generation", {})[0] == 200
+        full = queue.Queue(maxsize=1)  # a full queue: refused at once, saying when to retry
+        full.put("waiting")
+        model.batcher.queue = full
+        status, reply, headers = call("/v1/chat/completions", chat)
+        assert status == 429 and headers["Retry-After"] == "1"
+        assert call("/update_weight_version", None)[0] == 400  # no body at all
+        assert "Retry-After" not in call("/update_weight_version", [1])[2]
+    finally:
+        server.shutdown()
+        server.server_close()
+        model.close()
+
+
+@pytest.mark.parametrize("n, stop", [(1, None), (2, ["e"]), (1, "held")])
+def test_a_streamed_answer_is_the_plain_answer_in_pieces(tiny_model_path, n, stop):
+    """Same seed, streamed or not: the deltas join into each choice's text, their log-prob
+    entries (with top-k) and token ids into the plain answer's, the first chunk carries the
+    prompt's ids, the last the finish reason; text that may begin a stop string is held
+    back and sent at the end ("held": a stop string that begins with the answer's last
+    character)."""
+    import json
+    import urllib.request
+
+    from gaca_agent.serving.app import ChatModel, make_server
+
+    model = ChatModel(tiny_model_path, "tiny", max_tokens=12)
+    server = make_server(model, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "go north"}],
+            "max_tokens": 12, "n": n, "seed": 7, "logprobs": True, "top_logprobs": 2,
+            "return_token_ids": True}
+
+    def post(extra):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.server_port}/v1/chat/completions",
+            json.dumps({**body, **extra}).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.read().decode()
+
+    try:
+        if stop == "held":
+            last = json.loads(post({}))["choices"][0]["message"]["content"][-1]
+            stop = [last + "\u2603"]
+        plain = json.loads(post({"stop": stop}))
+        events = [line[6:] for line in post({"stream": True, "stop": stop}).splitlines()
+                  if line.startswith("data: ")]
+    finally:
+        server.shutdown()
+        server.server_close()
+        model.close()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["prompt_token_ids"] == plain["prompt_token_ids"]
+    for want in plain["choices"]:
+        mine = [c for chunk in chunks for c in chunk["choices"] if c["index"] == want["index"]]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == \
+            want["message"]["content"]
+        assert [e for c in mine if c["logprobs"] for e in c["logprobs"]["content"]] == \
+            want["logprobs"]["content"]
+        assert all(c["logprobs"]["refusal"] is None for c in mine if c["logprobs"])
+        assert [t for c in mine for t in c.get("token_ids", [])] == want["token_ids"]
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == \
+            [want["finish_reason"]]
