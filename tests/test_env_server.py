@@ -436,6 +436,8 @@ def agentgym_server(with_actions: bool = True, other_spelling: bool = False):
     if with_actions:
         @app.get("/available_actions")
         def available_actions(id: int):
+            if envs[id]["done"]:  # as servers whose episode is over
+                return {"error": "the episode is over"}
             return ["add 1", "add 2"]
 
     @app.post("/step")
@@ -470,9 +472,11 @@ def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
 
     server, url, envs = agentgym_server()
     try:
-        env = gym.make("gaca/AgentGym-v0", url=url, env="counter", num_tasks=3)
+        env = gym.make("gaca/AgentGym-v0", url=url, env="counter", num_tasks=3,
+                       render_mode="ansi")
         obs, info = env.reset(seed=0, options={"task_id": 1})
         assert obs == "total 0 of 4" and info["task"] == "reach 4" and info["task_id"] == 1
+        assert env.render() == obs
         assert info["admissible_actions"] == ("add 1", "add 2")
         assert info["state_key_source"] == "observation"
         obs, reward, terminated, truncated, info = env.step("add 2")

@@ -89,10 +89,55 @@ def test_the_wire_carries_a_step_exactly():
     assert reset["reward"] is None and reset["done"] and reset["action_valid"]
     assert reset["won"] is False and reset["state_key"] == "" and reset["task_id"] is None
     assert decode_step({"observation": reset})[1:4] == (0.0, False, True)
+    # the reward inside the observation (no outer one), a bare and a flat observation
+    assert decode_step({"observation": {**fields, "reward": 2.0}})[1] == 2.0
+    assert decode_step({"observation": {"text": "x"}}) == ("x", 0.0, False, False, {})
+    assert decode_step({"text": "flat", "reward": 0.5}) == ("flat", 0.5, False, False, {})
     with pytest.raises(ValueError, match="non-finite"):
         jsonable({"x": float("nan")})
     with pytest.raises(TypeError, match="set"):
         jsonable({1, 2})
+
+
+class FakeSocket:
+    """A session's websocket: answers in order (an exception: the connection broke)."""
+
+    def __init__(self, *answers):
+        self.answers, self.sent = list(answers), []
+
+    def send(self, text):
+        self.sent.append(json.loads(text))
+
+    def recv(self, timeout=None):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return json.dumps(answer)
+
+
+def test_the_client_reads_answers_in_both_forms_and_says_goodbye():
+    from gaca_envs.remote.client import RemoteEnv, RemoteEnvLost, RemoteEnvRefused
+
+    env = RemoteEnv("http://127.0.0.1:1", expert=True, render_mode="ansi")
+    env._ws = FakeSocket({"type": "observation", "data": {"text": "flat", "reward": 1.0,
+                                                            "expert_action": "go"}},
+                         {"type": "state"},
+                         {"type": "error"},
+                         TimeoutError("silence"), {"type": "observation", "data": {}})
+    assert env.step("look")[:2] == ("flat", 1.0)  # a flat observation, not nested
+    assert env.render() == "flat" and env.expert_action() == "go"
+    assert env.state() == {}  # an answer without data
+    with pytest.raises(RemoteEnvRefused, match="'type': 'error'"):  # no message: the answer
+        env.state()
+    with pytest.raises(RemoteEnvLost, match="lost: TimeoutError: silence"):
+        env.state()  # what came after the break is no error message: the session is lost
+    assert env._ws is None
+    env._ws = FakeSocket(TimeoutError("silence"), [1, 2])  # last words that are no message
+    with pytest.raises(RemoteEnvLost):
+        env.state()
+    env._ws = socket = FakeSocket()
+    env.close()
+    assert socket.sent == [{"type": "close"}] and env._ws is None
 
 
 def test_client_urls_and_fixed_kwargs():
@@ -204,7 +249,13 @@ def test_sessions_are_counted_bounded_and_freed(served):
     finally:
         for e in envs:
             e.close()
-    assert served.get("/metadata")[1]["name"] == CORRIDOR
+    metadata = served.get("/metadata")[1]
+    assert metadata["name"] == CORRIDOR
+    assert 'kwargs {"split": "test"}; clients may choose' in metadata["description"]
+    schema = served.get("/schema")[1]  # what a client reads of the fields
+    assert schema["action"]["properties"]["action"]["description"].startswith("the action text")
+    assert schema["observation"]["properties"]["info"]["description"] == \
+        "every info key of the local env"
 
 
 def test_a_lost_server_is_a_lost_session_and_the_next_reset_reconnects():
@@ -239,8 +290,8 @@ def guard_call(token=None, max_body=10, headers=(), body_parts=(b"",), kind="htt
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    parts = [{"type": "http.request", "body": p, "more_body": i < len(body_parts) - 1}
-             for i, p in enumerate(body_parts)]
+    parts = [{"type": "http.request", **({} if p is None else {"body": p}),
+              "more_body": i < len(body_parts) - 1} for i, p in enumerate(body_parts)]
 
     async def receive():
         if kind == "websocket":
@@ -273,6 +324,8 @@ def test_the_guard_checks_token_size_and_timely_bodies():
     assert status_of(sent) == 413 and not seen
     sent, _ = guard_call(headers=[("content-length", "10")], body_parts=(b"1234567890",))
     assert status_of(sent) == 200  # exactly the limit
+    sent, seen = guard_call(body_parts=(None,))  # ASGI: a message without a body has none
+    assert status_of(sent) == 200 and seen[0]["body"] == b""
     sent, seen = guard_call(body_parts=(), timeout_s=0.2)  # a body that never comes
     assert status_of(sent) == 408 and not seen
     refused = json.loads(sent[-1]["body"])["detail"]
@@ -304,6 +357,35 @@ def test_serve_refuses_bad_settings_before_listening(capsys):
         assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
     finally:
         busy.stop()
+
+
+def test_serve_hands_uvicorn_the_app_its_flags_describe(monkeypatch, capsys):
+    """What gaca-env-serve starts (uvicorn stood in): the app its flags describe, handed
+    over by a factory, the ASGI3 interface, the websocket size limit as a number; the
+    address it serves on, on stderr."""
+    import uvicorn
+
+    from gaca_envs.remote.service import Guard, main
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append((app, kw)))
+    port = free_port()
+    assert main(["gaca/Diag-Signs-v0", "split=test", "--port", str(port), "--max-sessions",
+                 "2", "--idle-timeout", "30", "--max-request-bytes", "2048",
+                 "--request-timeout", "0.5", "--token", "s3cret"]) == 0
+    (factory, kw), = started
+    assert kw == {"factory": True, "host": "127.0.0.1", "port": port, "log_level": "warning",
+                  "ws_max_size": 2048, "interface": "asgi3"}
+    app = factory()
+    assert isinstance(app, Guard) and factory() is app
+    assert (app.token, app.max_body, app.body_timeout_s) == ("s3cret", 2048, 0.5)
+    server = app.app.state.env_server
+    assert server.env_name == "gaca/Diag-Signs-v0"
+    assert (server._concurrency_config.max_concurrent_envs,
+            server._concurrency_config.session_timeout) == (2, 30.0)
+    err = capsys.readouterr().err
+    assert f"gaca-env-serve: gaca/Diag-Signs-v0 {{'split': 'test'}} on http://127.0.0.1:{port}" \
+        in err
 
 
 # ------------------------------------------------------------------ the collector's pool
