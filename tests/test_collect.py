@@ -349,6 +349,46 @@ def test_rollouts_are_the_same_in_this_process_and_in_workers():
     assert [e.length for e in a.episodes] == [e.length for e in b.episodes]
 
 
+def episodes_of(rollout):
+    """What a rollout played, episode by episode (its actions, rewards and ending)."""
+    t = rollout.table
+    return [(e.task_id, e.seed, e.traj, e.failed, e.won,
+             [(t["action_text"][r], float(t["reward"][r])) for r in e.rows])
+            for e in rollout.episodes]
+
+
+@pytest.mark.parametrize("rerun", [0, 2])
+def test_a_lost_workers_episodes_are_played_again_from_their_seeds(rerun):
+    """A worker killed mid-collection: with env.rerun_lost its unfinished episodes are
+    played again from their seeds elsewhere, and the rollout is the fault-free one; without
+    it they are kept, failed, with the reason."""
+    import signal
+
+    tasks = [(k, 70 + k) for k in range(3)]
+    clean = play(make_policy("random", seed=4), tasks, group_size=2, workers=2)
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4, workers=2,
+                         invalid_penalty=-0.1, rerun_lost=rerun)
+    collector = Collector(section)
+    rounds = []
+
+    def kill_worker_1(n):
+        rounds.append(n)
+        if len(rounds) == 2:
+            os.kill(collector.pool.pids()[1], signal.SIGKILL)
+
+    try:
+        faulty = collector.run(make_policy("random", seed=4), tasks, 2, on_step=kill_worker_1)
+        assert collector.pool.restarts == 1
+    finally:
+        collector.close()
+    if rerun:
+        assert episodes_of(faulty) == episodes_of(clean)
+    else:
+        lost = [e for e in faulty.episodes if e.failed]
+        assert lost and all("env worker 1 died" in e.error for e in lost)
+        assert len(lost) < len(faulty.episodes)
+
+
 class Probe:
     """Plays given actions by step; answers with token ids (or none) and no NLLs."""
 

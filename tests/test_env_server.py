@@ -235,7 +235,7 @@ def _collect(config, tasks, group_size=2, on_step=None):
 
     collector = Collector(config)
     try:
-        return collector.run(make_policy("random"), tasks, group_size, on_step=on_step)
+        return collector.run(make_policy("random", seed=3), tasks, group_size, on_step=on_step)
     finally:
         collector.close()
 
@@ -291,6 +291,17 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
         assert 1 <= len(failed) <= 2  # the victim's live episodes (slots 1 and 3)
         assert all(servers[1][1] in e.error for e in failed)
         assert sum(not e.failed for e in episodes) == 24 - len(failed)
+        # with env.rerun_lost, a dying server's episodes play again on the living one
+        clean = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"},
+                                    max_live_envs=4, workers=0, invalid_penalty=0.0), tasks)
+        servers.append(start_env_server("gaca/Diag-Signs-v0"))
+        victim, rounds[:] = servers[2][0], []
+        replayed = _collect(EnvSection(id="gaca/Diag-Signs-v0", kwargs={"split": "test"},
+                                       max_live_envs=4, timeout_s=60, rerun_lost=2,
+                                       servers=[servers[0][1], servers[2][1]],
+                                       invalid_penalty=0.0), tasks, on_step=kill_after_three)
+        assert victim.poll() is not None  # it died mid-collection
+        assert _summary(replayed) == _summary(clean)
     finally:
         for proc, _ in servers:
             stop_env_server(proc)

@@ -121,6 +121,13 @@ def test_environments_do_not_name_the_agent():
     assert not naming, f"gaca_envs files that name gaca_agent: {naming}"
 
 
+def test_ray_is_imported_in_one_package():
+    outside = [str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+               if re.search(r"^\s*(import ray|from ray)\b", p.read_text(), re.M)
+               and "gaca_agent/cluster/" not in str(p.relative_to(ROOT))]
+    assert not outside, f"modules importing ray outside gaca_agent/cluster/: {outside}"
+
+
 def readme_layout() -> list[str]:
     """The paths of the README's layout block (first word of each line)."""
     text = (ROOT / "README.md").read_text()

@@ -10,7 +10,9 @@ parallel, and refills finished slots from the queue. A policy with ``submit(turn
 and each answered one is stepped and sent its next turn at once. It returns a :class:`Rollout`: the
 episodes and one :class:`StepTable` of their step rows (the estimators' fields plus texts,
 token ids and log-probs). Episodes whose worker died are kept, marked ``failed`` with
-the error; nothing is dropped.
+the error; nothing is dropped. With ``env.rerun_lost`` > 0, an episode whose host was
+lost (a worker process, a Ray actor or its node, an env server's session) is played
+again from its seed on another slot instead, so the rollout is the fault-free one.
 
 Each turn of a seeded episode carries a sampling key, ``row_key(seed, member, step)``
 (member = the episode's place in its task group), so a stochastic policy plays an
@@ -41,12 +43,12 @@ class Collector:
     ``env`` (gaca-train's env section) says which env and kwargs (``env.kwargs``), how
     many workers and live episodes, the prompts' history and template, and how a step's
     reward and penalty are formed. ``token``: the env servers' bearer token (default
-    ``$GACA_ENV_TOKEN``)."""
+    ``$GACA_ENV_TOKEN``). ``cluster``: gaca-train's cluster section (Ray actors)."""
 
-    def __init__(self, env: EnvSection, token: str | None = None) -> None:
+    def __init__(self, env: EnvSection, token: str | None = None, cluster=None) -> None:
         from gaca_agent.generate.families import family_of
 
-        self.config = env
+        self.config, self.cluster = env, cluster
         self.token = token if token is not None else os.environ.get("GACA_ENV_TOKEN")
         self.prompts = PromptBuilder(env.history_length, env.template_file)
         self.family = family_of(env.id)
@@ -56,7 +58,7 @@ class Collector:
     def pool(self) -> EnvSlots:
         """The env slots (:func:`~gaca_agent.collect.pools.make_pool`), made on first use."""
         if self._pool is None:
-            self._pool = make_pool(self.config, self.token)
+            self._pool = make_pool(self.config, self.token, self.cluster)
         return self._pool
 
     def close(self) -> None:
@@ -95,6 +97,8 @@ class Collector:
             results = self.pool.call("step", [(s, o.action) for s, o in zip(slots, outputs)])
             for slot, out in zip(slots, outputs):
                 e = play.live[slot]
+                if self._replay(play, slot, e, results[slot]):
+                    continue
                 self._record(play.queue[e], play.steps[e], play.state[slot], out, results[slot])
                 if play.queue[e].failed or play.state[slot].get("done"):
                     play.finish(slot, e)
@@ -118,6 +122,8 @@ class Collector:
             starts.append((slot, (ep.seed, {"task_id": ep.task_id})))
         for slot, answer in self.pool.call("reset", starts).items():
             e = play.live[slot]
+            if self._replay(play, slot, e, answer):
+                continue
             if isinstance(answer, WorkerFailure):
                 play.queue[e].failed, play.queue[e].error = True, answer.message
                 play.finish(slot, e)
@@ -127,6 +133,20 @@ class Collector:
             ep.task, ep.task_type = info.get("task", ""), info.get("task_type")
             play.state[slot] = {"obs": obs, "info": info, "history": [],
                                 "version": play.version}
+
+    def _replay(self, play: "_Play", slot: int, e: int, answer) -> bool:
+        """Whether episode ``e`` lost its host and goes back to the queue, to be played
+        again from its seed (at most ``env.rerun_lost`` times; then it is kept failed)."""
+        if not (isinstance(answer, WorkerFailure) and answer.lost
+                and play.replays[e] < self.config.rerun_lost):
+            return False
+        play.replays[e] += 1
+        play.live.pop(slot)
+        play.state.pop(slot, None)
+        play.free.append(slot)
+        play.steps[e] = TableBuilder()
+        play.pending.append(e)  # next to start: the queue's order is kept
+        return True
 
     def _answered(self, play: "_Play", policy, group_size: int, inflight: dict[int, Future]):
         """Every live episode has its turn in flight; the slots answered so far."""
@@ -234,6 +254,7 @@ class _Play:
         self.state: dict[int, dict[str, Any]] = {}
         self.free = list(range(min(num_envs, len(queue))))
         self.version: int | None = None  # the weight version every turn is pinned to
+        self.replays = [0] * len(queue)  # times each episode was played again (lost host)
 
     def finish(self, slot: int, e: int) -> None:
         """Episode ``e`` has ended: its table is made and its slot freed."""

@@ -6,7 +6,9 @@ one place a backend is chosen (:func:`make_pool`):
 - ``env.workers: N`` (N >= 1): :class:`~gaca_agent.collect.workers.EnvPool`, the envs in
   N spawned worker processes, restarted when they die or stall;
 - ``env.servers: [URL, ...]``: :class:`~gaca_agent.collect.remote_pool.RemotePool`, the
-  envs on ``gaca-env-serve`` servers.
+  envs on ``gaca-env-serve`` servers;
+- ``cluster.backend: ray``: :class:`~gaca_agent.cluster.ray_pool.RayPool`, the envs in Ray
+  actors placed over a cluster's nodes.
 
 Every backend plays the same env code (:class:`~gaca_agent.collect.workers.EnvHost`
 locally and in each worker; the served env on a server), so an episode plays the same
@@ -88,9 +90,15 @@ class LocalPool:
         self.close()
 
 
-def make_pool(env, token: str | None = None) -> EnvSlots:
-    """The env slots of gaca-train's env section ``env``: on its servers, in this process
-    (``workers: 0``) or in worker processes."""
+def make_pool(env, token: str | None = None, cluster=None) -> EnvSlots:
+    """The env slots of gaca-train's env section ``env``: on its servers, in Ray actors
+    (``cluster.backend: ray``), in this process (``workers: 0``) or in worker processes."""
+    if cluster is not None and cluster.backend == "ray":
+        from gaca_agent.cluster.ray_pool import RayPool
+
+        return RayPool(env.id, env.kwargs, env.max_live_envs,
+                       cluster.env_actors or max(env.workers, 1), cluster,
+                       env.recycle_after, env.timeout_s)
     if env.servers:
         from gaca_agent.collect.remote_pool import RemotePool
 

@@ -131,7 +131,8 @@ class RemotePool:
                 if w not in self._down_since:
                     self._down_since[w] = time.monotonic()
                     self._schedule_retry(w)
-            return WorkerFailure(f"env server {self.servers[w]}: {err}")
+            return WorkerFailure(f"env server {self.servers[w]}: {err}",
+                                 lost=isinstance(err, RemoteEnvLost))
         except Exception as err:  # noqa: BLE001 - reported per slot, like a local worker
             return WorkerFailure(f"{type(err).__name__}: {err}")
 

@@ -2,7 +2,8 @@
 
 :class:`EnvPool` spreads ``num_envs`` env slots over ``num_workers`` spawned processes
 (slot j lives in worker ``j % num_workers``); each worker runs an :class:`EnvHost`
-behind its pipe. Each call sends one batch of commands to every worker that has work,
+behind its pipe. The routing, restarts and recycling are :class:`HostPool`'s, which the
+Ray backend's actors (:mod:`gaca_agent.cluster`) share with another transport. Each call sends one batch of commands to every worker that has work,
 then gathers the answers, so workers step in parallel. A worker that dies or stops
 answering is restarted; the slots it held answer with :class:`WorkerFailure` so that the
 caller can mark those episodes failed.
@@ -28,6 +29,9 @@ class WorkerFailure:
     """An env command that could not be answered (the env raised, or its worker died)."""
 
     message: str
+    lost: bool = False
+    """The env's host was lost (its process, actor, node or server), not the env at fault:
+    the episode can be played again from its seed (``env.rerun_lost``)."""
 
 
 class EnvHost:
@@ -114,49 +118,44 @@ def _worker_main(conn, env_id: str, env_kwargs: dict) -> None:
     serve_pipe(conn, EnvHost(env_id, env_kwargs))
 
 
-class EnvPool:
-    """``num_envs`` environment slots in ``num_workers`` processes (spawned)."""
+class HostPool:
+    """``num_envs`` env slots on ``num_workers`` hosts that each run an :class:`EnvHost`
+    (slot j on host ``j % num_workers``): slot routing, restarts and recycling, in one
+    place for every transport. A subclass says how to start a host (:meth:`_start`), send
+    it a batch (:meth:`_send`), receive its answers within ``timeout_s`` or None
+    (:meth:`_receive`) and stop it (:meth:`_stop`)."""
 
-    def __init__(self, env_id: str, env_kwargs: dict | None = None, num_envs: int = 1,
-                 num_workers: int = 1, recycle_after: int | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(self, num_envs: int, num_workers: int, recycle_after: int | None,
+                 timeout_s: float) -> None:
         if num_workers < 1 or num_envs < 1:
             raise ValueError("num_envs and num_workers must be >= 1")
-        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.num_envs, self.num_workers = num_envs, min(num_workers, num_envs)
         self.recycle_after, self.timeout_s = recycle_after, timeout_s
-        self._ctx = mp.get_context("spawn")
-        self._procs: list[Any] = [None] * self.num_workers
-        self._conns: list[Any] = [None] * self.num_workers
         self._resets = [0] * self.num_workers
         self.restarts = 0
         self.recycles = 0
         self.expert = False  # local envs answer expert calls whenever asked
-        for w in range(self.num_workers):
-            self._start(w)
 
     def _start(self, w: int) -> None:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs),
-                                 daemon=True)
-        proc.start()
-        child.close()
-        self._procs[w], self._conns[w], self._resets[w] = proc, parent, 0
+        raise NotImplementedError
+
+    def _send(self, w: int, cmd: str, items: list[tuple[int, Any]]) -> bool:
+        raise NotImplementedError
+
+    def _receive(self, w: int):
+        raise NotImplementedError
+
+    def _stop(self, w: int) -> None:
+        raise NotImplementedError
 
     def _restart(self, w: int) -> None:
-        proc = self._procs[w]
-        if proc is not None and proc.is_alive():
-            proc.kill()
-        if proc is not None:
-            proc.join(timeout=10)
+        self._stop(w)
         self._start(w)
+        self._resets[w] = 0
         self.restarts += 1
 
     def worker_of(self, slot: int) -> int:
         return slot % self.num_workers
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
 
     def draining(self, slot: int) -> bool:
         """Whether the worker of ``slot`` is due for recycling (start nothing new there)."""
@@ -181,13 +180,7 @@ class EnvPool:
         by_worker: dict[int, list[tuple[int, Any]]] = {}
         for slot, arg in items:
             by_worker.setdefault(self.worker_of(slot), []).append((slot // self.num_workers, arg))
-        sent = []
-        for w, local in by_worker.items():
-            try:
-                self._conns[w].send((cmd, local))
-                sent.append(w)
-            except (BrokenPipeError, OSError):
-                pass
+        sent = [w for w, local in by_worker.items() if self._send(w, cmd, local)]
         results: dict[int, Any] = {}
         for w, local in by_worker.items():
             answers = self._receive(w) if w in sent else None
@@ -195,13 +188,57 @@ class EnvPool:
                 self._restart(w)
                 for i, _ in local:
                     results[i * self.num_workers + w] = WorkerFailure(
-                        f"env worker {w} died or stopped answering; restarted")
+                        f"env worker {w} died or stopped answering; restarted", lost=True)
                 continue
             if cmd == "reset":
                 self._resets[w] += len(local)
             for i, answer in answers:
                 results[i * self.num_workers + w] = answer
         return results
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+
+class EnvPool(HostPool):
+    """``num_envs`` environment slots in ``num_workers`` processes (spawned), each
+    answering its pipe (:func:`serve_pipe`)."""
+
+    def __init__(self, env_id: str, env_kwargs: dict | None = None, num_envs: int = 1,
+                 num_workers: int = 1, recycle_after: int | None = None,
+                 timeout_s: float = 600.0) -> None:
+        super().__init__(num_envs, num_workers, recycle_after, timeout_s)
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self._ctx = mp.get_context("spawn")
+        self._procs: list[Any] = [None] * self.num_workers
+        self._conns: list[Any] = [None] * self.num_workers
+        for w in range(self.num_workers):
+            self._start(w)
+
+    def _start(self, w: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs),
+                                 daemon=True)
+        proc.start()
+        child.close()
+        self._procs[w], self._conns[w] = proc, parent
+
+    def _stop(self, w: int) -> None:
+        proc = self._procs[w]
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        if proc is not None:
+            proc.join(timeout=10)
+
+    def _send(self, w: int, cmd: str, items: list[tuple[int, Any]]) -> bool:
+        try:
+            self._conns[w].send((cmd, items))
+            return True
+        except (BrokenPipeError, OSError):
+            return False
 
     def _receive(self, w: int):
         conn = self._conns[w]
@@ -211,6 +248,9 @@ class EnvPool:
             return conn.recv()
         except (EOFError, OSError):
             return None
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
 
     def close(self) -> None:
         for w in range(self.num_workers):
@@ -223,9 +263,3 @@ class EnvPool:
                 proc.join(timeout=5)
                 if proc.is_alive():
                     proc.kill()
-
-    def __enter__(self) -> "EnvPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

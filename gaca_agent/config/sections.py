@@ -62,6 +62,11 @@ class EnvSection:
     timeout_s: float = 600.0
     """How long one reset or step of a worker (or env server) may take before its
     episodes are marked failed."""
+    rerun_lost: int = 0
+    """An episode whose env host was lost (a worker process, a Ray actor or its node, an
+    env server's session) is played again from its seed, up to this many times, instead
+    of being kept as failed; with a policy keyed by the episode's seed (every gaca
+    policy) the rollout is then the one a run without the fault collects."""
 
     def __post_init__(self) -> None:
         bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
@@ -76,6 +81,8 @@ class EnvSection:
             raise ValueError(f"env.reward_scale must be > 0, got {self.reward_scale}")
         if self.timeout_s <= 0 or (self.recycle_after is not None and self.recycle_after < 1):
             raise ValueError("need env.timeout_s > 0 and env.recycle_after >= 1 (or null)")
+        if self.rerun_lost < 0:
+            raise ValueError(f"env.rerun_lost must be >= 0, got {self.rerun_lost}")
         if self.history_length < 0:
             raise ValueError(f"env.history_length must be >= 0, got {self.history_length}")
         if self.eval_episodes != "all" and int(self.eval_episodes) < 1:
@@ -190,6 +197,37 @@ class WarmupSection:
 
 
 @dataclass(frozen=True)
+class ClusterSection:
+    """Where the env workers run (docs/cluster.md)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """``local``: worker processes of this machine (``env.workers``); ``ray``: Ray actors
+    placed over the cluster's nodes, each running the same env code as a worker process
+    (``pip install -e '.[ray]'``)."""
+    address: str = ""
+    """``ray``: the cluster to join (``auto``: the one ``ray start`` made on this node;
+    ``ray://HOST:10001``: a remote one); empty: start a Ray on this machine."""
+    env_actors: int = 0
+    """``ray``: env actors, each holding several env slots as a worker process does
+    (0: ``env.workers``)."""
+    env_cpus: float = 1.0
+    """CPUs each env actor reserves."""
+    env_memory_mb: int = 0
+    """Memory each env actor reserves (ScienceWorld's JVMs, WebShop's index); 0: none."""
+    env_resources: dict = field(default_factory=dict)
+    """Custom resources each env actor needs, e.g. ``{webshop_index: 1}`` for nodes started
+    with ``ray start --resources '{"webshop_index": 4}'``."""
+    object_store_mb: int = 512
+    """A Ray started here: its object store (Ray's default takes 30% of the memory)."""
+
+    def __post_init__(self) -> None:
+        if self.env_actors < 0 or self.env_cpus <= 0 or self.env_memory_mb < 0 \
+                or self.object_store_mb < 64:
+            raise ValueError("need cluster.env_actors >= 0, cluster.env_cpus > 0, "
+                             "cluster.env_memory_mb >= 0 and cluster.object_store_mb >= 64")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     name: str = "default"
     seed: int = 0
@@ -222,6 +260,7 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     warmup: WarmupSection = field(default_factory=WarmupSection)
     server: ServerSection = field(default_factory=ServerSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
 
     def __post_init__(self) -> None:
         from gaca_agent.advantages import make_config
@@ -237,11 +276,15 @@ class TrainConfig:
         if self.model.engine == "server":
             check_server_setting(self)
         check_staleness(self)
+        if self.cluster.backend == "ray" and self.env.servers:
+            raise ValueError("cluster.backend: ray places env workers itself; env.servers "
+                             "are env servers you started: use one or the other")
 
 
 #: The sections of :class:`TrainConfig` by key.
 SECTIONS = {"env": EnvSection, "model": ModelSection, "algo": AlgoSection,
-            "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection}
+            "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection,
+            "cluster": ClusterSection}
 
 
 def check_staleness(cfg: "TrainConfig") -> None:

@@ -57,7 +57,7 @@ def make_collector(cfg: TrainConfig, kwargs: dict):
 
     from gaca_agent.collect.collector import Collector
 
-    return Collector(replace(cfg.env, kwargs=dict(kwargs)))
+    return Collector(replace(cfg.env, kwargs=dict(kwargs)), cluster=cfg.cluster)
 
 
 def save_ahead(checkpoint: Path, rank: int, batches) -> None:

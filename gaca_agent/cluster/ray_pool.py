@@ -1,0 +1,114 @@
+"""Env workers as Ray actors: :class:`RayPool` is the collector's env-slot backend for
+``cluster.backend: ray``.
+
+Each actor is an :class:`EnvActor`, the :class:`~gaca_agent.collect.workers.EnvHost` a
+local worker process runs (several env slots each), asking the cluster for
+``cluster.env_cpus``, ``env_memory_mb`` and ``env_resources`` and spread over the nodes
+(Ray's ``SPREAD`` strategy). Slot routing, restarts and recycling are
+:class:`~gaca_agent.collect.workers.HostPool`'s: an actor that dies, or whose node is
+lost, or that does not answer within ``env.timeout_s``, is replaced by a new one wherever
+the cluster has room, and its slots answer a lost-host failure, which the collector
+replays from the episode's seed (``env.rerun_lost``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gaca_agent.collect.workers import EnvHost, HostPool
+
+
+class EnvActor(EnvHost):
+    """An :class:`EnvHost` that can say which node it runs on."""
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def connect(cluster) -> None:
+    """Join ``cluster.address`` or start a Ray on this machine (once per process)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cluster.address:
+        ray.init(address=cluster.address, log_to_driver=False)
+    else:
+        ray.init(object_store_memory=cluster.object_store_mb << 20, include_dashboard=False,
+                 log_to_driver=False)
+
+
+class RayPool(HostPool):
+    """``num_envs`` env slots in ``num_workers`` Ray actors (see the module docstring)."""
+
+    def __init__(self, env_id: str, env_kwargs: dict | None, num_envs: int, num_workers: int,
+                 cluster, recycle_after: int | None = None, timeout_s: float = 600.0) -> None:
+        import ray
+
+        super().__init__(num_envs, num_workers, recycle_after, timeout_s)
+        connect(cluster)
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        options: dict[str, Any] = {"num_cpus": cluster.env_cpus, "scheduling_strategy": "SPREAD",
+                                   "max_restarts": 0}
+        if cluster.env_memory_mb:
+            options["memory"] = cluster.env_memory_mb << 20
+        if cluster.env_resources:
+            options["resources"] = {k: float(v) for k, v in cluster.env_resources.items()}
+        self._actor_cls = ray.remote(EnvActor).options(**options)
+        self._actors: list[Any] = [None] * self.num_workers
+        self._pending: dict[int, Any] = {}
+        for w in range(self.num_workers):
+            self._start(w)
+
+    def _start(self, w: int) -> None:
+        self._actors[w] = self._actor_cls.remote(self.env_id, self.env_kwargs)
+
+    def _stop(self, w: int) -> None:
+        import ray
+
+        self._pending.pop(w, None)
+        try:
+            ray.kill(self._actors[w], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone with its node
+            pass
+
+    def _send(self, w: int, cmd: str, items: list[tuple[int, Any]]) -> bool:
+        self._pending[w] = self._actors[w].handle.remote(cmd, items)
+        return True
+
+    def _receive(self, w: int):
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+
+        try:
+            return ray.get(self._pending.pop(w), timeout=self.timeout_s)
+        except (RayError, GetTimeoutError):
+            return None  # the actor died, its node was lost, or it did not answer in time
+
+    def _each(self, method: str, *args) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self._actors],
+                       timeout=self.timeout_s)
+
+    def pids(self) -> list[int]:
+        return [answers[0][1] for answers in self._each("handle", "pid", [(0, None)])]
+
+    def nodes(self) -> list[str]:
+        """The node id of each actor's node."""
+        return self._each("node")
+
+    def close(self) -> None:
+        import ray
+
+        for w, actor in enumerate(self._actors):
+            if actor is None:
+                continue
+            try:
+                ray.get(actor.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+            self._stop(w)
+            self._actors[w] = None

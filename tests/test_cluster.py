@@ -1,0 +1,121 @@
+"""cluster.backend: ray on a simulated cluster (``ray.cluster_utils.Cluster``: several
+raylets on this machine, each a node with its own resources): env actors run the same
+env code as worker processes and play the same rollouts, spread over the nodes; a node
+lost mid-collection loses no episode."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import has_module
+from gaca_agent.collect.collector import Collector
+from gaca_agent.config import ClusterSection, EnvSection
+from gaca_agent.policies import make_policy
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not has_module("ray"),
+                                 reason="needs Ray (pip install -e '.[ray]')")]
+CORRIDOR = "gaca/Diag-Corridor-v0"
+TASKS = [(k, 90 + k) for k in range(4)]
+
+
+@pytest.fixture
+def cluster():
+    """A head without CPUs (nothing runs there) and two nodes with room for two env
+    actors each (the custom resource ``envhost`` stands for what env actors need)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    made = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 80 << 20, "include_dashboard": False})
+    nodes = [made.add_node(num_cpus=2, resources={"envhost": 2},
+                           object_store_memory=80 << 20) for _ in range(2)]
+    ray.init(address=made.address, log_to_driver=False)
+    yield made, nodes
+    ray.shutdown()
+    made.shutdown()
+
+
+def collector(address, **env):
+    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                         invalid_penalty=-0.1, **{"workers": 2, **env})
+    return Collector(section, cluster=ClusterSection(
+        backend="ray", address=address, env_actors=2, env_cpus=0.5,
+        env_resources={"envhost": 1}))
+
+
+def played(c, **run):
+    try:
+        return c.run(make_policy("random", seed=6), TASKS, 2, **run), c.pool
+    finally:
+        c.close()
+
+
+def episodes_of(rollout):
+    t = rollout.table
+    return [(e.task_id, e.seed, e.traj, e.failed, e.won,
+             [(t["action_text"][r], float(t["reward"][r])) for r in e.rows])
+            for e in rollout.episodes]
+
+
+def test_env_actors_spread_over_the_nodes_and_play_the_local_rollout(cluster):
+    local = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                                 invalid_penalty=-0.1, workers=2))
+    expected, _ = played(local)
+    c = collector(cluster[0].address)
+    nodes = c.pool.nodes()
+    assert len(set(nodes)) == 2  # one actor on each node
+    assert set(nodes) == {n.node_id for n in cluster[1]}
+    rollout, pool = played(c)
+    assert episodes_of(rollout) == episodes_of(expected)
+    assert pool.restarts == 0
+
+
+def test_a_node_lost_mid_collection_loses_no_episode(cluster):
+    made, nodes = cluster
+    expected, _ = played(collector(made.address))
+    c = collector(made.address, rerun_lost=2)
+    rounds = []
+
+    def lose_a_node(n):
+        rounds.append(n)
+        if len(rounds) == 2:
+            made.remove_node(nodes[1])
+
+    rollout, pool = played(c, on_step=lose_a_node)
+    assert episodes_of(rollout) == episodes_of(expected)
+    assert not any(e.failed for e in rollout.episodes)
+    assert pool.restarts >= 1
+
+
+def test_a_training_run_on_ray_logs_the_local_runs_metrics(cluster, tmp_path, fresh_accelerate,
+                                                          monkeypatch):
+    """gaca-train with cluster.backend: ray (env actors on the nodes) gives the metrics of
+    the same run with local worker processes."""
+    import json
+
+    from gaca_agent.cluster.ray_pool import RayPool
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+
+    started = []
+    start = RayPool._start
+    monkeypatch.setattr(RayPool, "_start", lambda pool, w: (started.append(w), start(pool, w)))
+
+    base = ["iterations=2", "eval_every=2", "checkpoint_every=0", "env.groups=2",
+            "env.group_size=2", "env.max_live_envs=4", "env.eval_episodes=4", "env.workers=2",
+            "warmup.bc_steps=5", "warmup.bc_episodes=2", "model.max_new_tokens=12",
+            f"out_dir={tmp_path}"]
+    local = train(load_config("gaca_agent/configs/default.yaml", [*base, "name=local"]),
+                  progress=False)
+    assert not started
+    ray_run = train(load_config("gaca_agent/configs/default.yaml", [
+        *base, "name=ray", "cluster.backend=ray", f"cluster.address={cluster[0].address}",
+        "cluster.env_cpus=0.5", "cluster.env_resources={envhost: 1}"]), progress=False)
+
+    def rows(run):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+                for line in (run / "metrics.jsonl").open()]
+
+    assert rows(ray_run) == rows(local)
+    assert started == [0, 1, 0, 1]  # the training and held-out collectors' actors
