@@ -12,11 +12,42 @@ from gaca_agent.collect.collector import Collector
 from gaca_agent.config import ClusterSection, EnvSection
 from gaca_agent.policies import make_policy
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not has_module("ray"),
-                                 reason="needs Ray (pip install -e '.[ray]')")]
+pytestmark = pytest.mark.skipif(not has_module("ray"),
+                                reason="needs Ray (pip install -e '.[ray]')")
 CORRIDOR = "gaca/Diag-Corridor-v0"
 TASKS = [(k, 90 + k) for k in range(4)]
+
+
+def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
+    """One Ray on this machine: two env actors play the local rollout; one killed
+    mid-collection is replaced (a restart), and with env.rerun_lost its episodes are
+    played again; the actors' processes are not this one."""
+    import os
+
+    import ray
+
+    ray.init(num_cpus=2, object_store_memory=80 << 20, include_dashboard=False,
+             log_to_driver=False)
+    try:
+        local = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                                     invalid_penalty=-0.1, workers=2))
+        expected, _ = played(local)
+        c = collector("", resources=(), rerun_lost=1)
+        first = c.pool.pids()
+        assert len(set(first)) == 2 and os.getpid() not in first
+        rounds = []
+
+        def kill_an_actor(n):
+            rounds.append(n)
+            if len(rounds) == 2:
+                ray.kill(c.pool._actors[1], no_restart=True)
+
+        rollout, pool = played(c, on_step=kill_an_actor)
+        assert episodes_of(rollout) == episodes_of(expected)
+        assert pool.restarts == 1
+        assert pool._actors == [None, None]  # closed
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture
@@ -36,12 +67,12 @@ def cluster():
     made.shutdown()
 
 
-def collector(address, **env):
+def collector(address, resources=(("envhost", 1),), **env):
     section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
                          invalid_penalty=-0.1, **{"workers": 2, **env})
     return Collector(section, cluster=ClusterSection(
         backend="ray", address=address, env_actors=2, env_cpus=0.5,
-        env_resources={"envhost": 1}))
+        env_resources=dict(resources)))
 
 
 def played(c, **run):
@@ -58,6 +89,7 @@ def episodes_of(rollout):
             for e in rollout.episodes]
 
 
+@pytest.mark.slow
 def test_env_actors_spread_over_the_nodes_and_play_the_local_rollout(cluster):
     local = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
                                  invalid_penalty=-0.1, workers=2))
@@ -71,6 +103,7 @@ def test_env_actors_spread_over_the_nodes_and_play_the_local_rollout(cluster):
     assert pool.restarts == 0
 
 
+@pytest.mark.slow
 def test_a_node_lost_mid_collection_loses_no_episode(cluster):
     made, nodes = cluster
     expected, _ = played(collector(made.address))
@@ -88,6 +121,7 @@ def test_a_node_lost_mid_collection_loses_no_episode(cluster):
     assert pool.restarts >= 1
 
 
+@pytest.mark.slow
 def test_a_training_run_on_ray_logs_the_local_runs_metrics(cluster, tmp_path, fresh_accelerate,
                                                           monkeypatch):
     """gaca-train with cluster.backend: ray (env actors on the nodes) gives the metrics of
