@@ -153,3 +153,41 @@ def test_a_training_run_on_ray_logs_the_local_runs_metrics(cluster, tmp_path, fr
 
     assert rows(ray_run) == rows(local)
     assert started == [0, 1, 0, 1]  # the training and held-out collectors' actors
+
+
+@pytest.mark.slow
+def test_the_asynchronous_mode_runs_on_ray_unchanged(tmp_path, tiny_model_path, fresh_accelerate,
+                                                     monkeypatch):
+    """One step stale through gaca-serve, the env workers Ray actors (a Ray started by the
+    run): each iteration sampled by the version the schedule fixes."""
+    import ray
+
+    from gaca_agent.cluster.ray_pool import RayPool
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+    from test_async import gaca_serve, rows_of, steps_of
+
+    started = []
+    start = RayPool._start
+    monkeypatch.setattr(RayPool, "_start", lambda pool, w: (started.append(w), start(pool, w)))
+    serve = gaca_serve(tiny_model_path)
+    base = next(serve)
+    try:
+        run = train(load_config("gaca_agent/configs/default.yaml", [
+            "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
+            "env.group_size=2", "env.workers=2", "learner.old_logprobs=recompute",
+            "learner.tis_cap=2", "warmup.bc_steps=5", "warmup.bc_episodes=2",
+            "keep_rollouts=tokens", f"out_dir={tmp_path}", "name=async", "max_staleness=1",
+            "model.engine=server", f"server.base_url={base}", "server.model=tiny",
+            "server.kind=sglang", "server.weight_transfer=broadcast", "model.max_new_tokens=12",
+            "cluster.backend=ray", "cluster.env_cpus=0.5", "cluster.object_store_mb=100"]),
+            progress=False)
+    finally:
+        next(serve, None)
+        ray.shutdown()
+    assert started  # the env workers were Ray actors
+    rows = rows_of(run)
+    for it in range(3):
+        assert {s["policy_version"] for s in steps_of(run, it)} == {max(0, it - 1)}
+        assert rows[it]["async/stale_max"] == min(it, 1) and rows[it]["sync/version"] == it + 1
+    assert "backend: ray" in (run / "config.yaml").read_text()  # resumes on Ray too
