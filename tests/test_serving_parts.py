@@ -56,6 +56,7 @@ def test_a_checked_request_holds_what_was_asked():
 @pytest.mark.parametrize("extra, param, words", [
     ({"tools": []}, "tools", "does not support the parameter 'tools'"),
     ({"frequency_penalty": 0.1}, "frequency_penalty", "supported: model, messages"),
+    ({"top_k": -1, "tools": []}, "tools", "'tools'"),  # checked on after a neutral one
     ({"top_k": 5}, "top_k", "top_k"), ({"top_k": True}, "top_k", "top_k"),
     ({"repetition_penalty": 1.1}, "repetition_penalty", "repetition_penalty"),
     ({"repetition_penalty": True}, "repetition_penalty", "repetition_penalty"),
@@ -445,7 +446,9 @@ def test_admin_replies_are_in_the_servers_own_forms(tiny_model_path, tmp_path):
 
     from gaca_agent.serving.app import ChatModel, make_server
 
-    model = ChatModel(tiny_model_path, "tiny", max_tokens=4)
+    model = ChatModel(tiny_model_path, "tiny", max_tokens=4, max_batch=3)
+    assert model.batcher.max_rows == 3 and model.engine.batch_size == 3
+    assert model.batcher._thread.daemon  # a stopped server's process can exit
     server = make_server(model, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     root = f"http://127.0.0.1:{server.server_port}"
@@ -485,11 +488,21 @@ def test_admin_replies_are_in_the_servers_own_forms(tiny_model_path, tmp_path):
         assert call("/collective_rpc", {"method": "reload_weights",
                                         "kwargs": {"weights_path": tiny_model_path}})[:2] == \
             (200, {"results": [None]})
+        refused("/collective_rpc", {"method": "reload_weights",
+                                    "kwargs": {"weights_path": str(tmp_path)}}, "weights_path")
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 2}
         assert call("/pause_generation", {})[0] == 200  # no mode: SGLang's abort
         assert call("/v1/chat/completions", chat)[0] == 503
         assert call("/continue_generation", {})[0] == 200
+        assert call("/pause", None)[0] == 200  # vLLM's /pause without a mode: abort
+        assert call("/v1/chat/completions", chat)[0] == 503
+        assert call("/resume", None)[0] == 200
+        model.context, context = 3, model.context
+        status, reply, _ = call("/v1/chat/completions", chat)
+        assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+        assert "this model's context is 3" in reply["error"]["message"]
+        model.context = context
         full = queue.Queue(maxsize=1)  # a full queue: refused at once, saying when to retry
         full.put("waiting")
         model.batcher.queue = full
