@@ -30,6 +30,9 @@ class Turn:
     version: int | None = None
     """The synced weight version the episode is pinned to (asynchronous training with an
     inference server; None: the newest)."""
+    episode: Any = None
+    """An id of the turn's episode within its collection (several inference servers keep
+    an episode's turns on one server)."""
 
 
 @dataclass

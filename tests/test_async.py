@@ -872,3 +872,56 @@ def test_an_asynchronous_run_stops_in_one_line_when_its_server_dies_and_resumes(
         assert {s["policy_version"] for s in steps_of(tmp_path / "died", it)} == \
             {max(0, it - 1)}
         assert rows[it]["probe/mean_gap"] < 1e-4
+
+
+@needs_model
+@pytest.mark.slow
+def test_two_servers_share_the_episodes_and_one_lost_leaves_the_run_going(tmp_path,
+                                                                       tiny_model_path,
+                                                                       fresh_accelerate,
+                                                                       monkeypatch):
+    """server.replicas: episodes spread over two gaca-serve processes, adapters synced and
+    probed on both; one killed after the first iteration, the run finishes on the other."""
+    from pathlib import Path
+
+    from gaca_agent.generate.server_group import ServerGroup
+    from gaca_agent.training.loop import train
+    from test_server_engine import start_gaca_serve
+
+    root = Path(__file__).resolve().parents[1]
+    (a, url_a), (b, url_b) = (start_gaca_serve(tiny_model_path, root) for _ in range(2))
+    picked = []
+    pick = ServerGroup._pick
+    monkeypatch.setattr(ServerGroup, "_pick",
+                        lambda group, episode: picked.append(pick(group, episode)) or picked[-1])
+    run_dir = tmp_path / "two"
+
+    def kill_b_after_the_first_iteration():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (run_dir / "metrics.jsonl").exists() and any(
+                    json.loads(x)["iteration"] == 0 for x in (run_dir / "metrics.jsonl").open()):
+                picked.append("killed")
+                b.kill()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_b_after_the_first_iteration, daemon=True)
+    killer.start()
+    try:
+        train(load_config("gaca_agent/configs/default.yaml", [
+            "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
+            "env.group_size=2", "learner.old_logprobs=recompute", "learner.lora_r=4",
+            "warmup.bc_steps=5", "warmup.bc_episodes=2", f"out_dir={tmp_path}", "name=two",
+            "model.engine=server", f"server.base_url={url_a}", f"server.replicas=[{url_b}]",
+            "server.model=tiny", "server.retries=0", "model.max_new_tokens=12"]),
+            progress=False)
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait(timeout=30)
+    killed = picked.index("killed")
+    assert set(picked[:killed]) == {0, 1}  # both served before
+    assert set(picked[killed + 1:]) == {0}  # one after
+    rows = rows_of(run_dir)
+    assert sorted(rows) == [-1, 0, 1, 2] and all(rows[i]["probe/mean_gap"] < 1e-4 for i in rows)

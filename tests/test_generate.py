@@ -27,8 +27,9 @@ MESSAGES = [{"role": "user", "content": "go"}]
 
 
 class Scripted:
-    """Answers each path from its script, a list of (status, body or seconds to stall),
-    the last entry repeated; records (path, body, headers) of every request."""
+    """Answers each path from its script, a list of (status, body or seconds to stall;
+    or "slow", (seconds, body)), the last entry repeated; records (path, body, headers)
+    of every request."""
 
     def __init__(self, script: dict):
         self.script, self.calls = {k: list(v) for k, v in script.items()}, []
@@ -46,6 +47,9 @@ class Scripted:
                 if status == "stall":
                     time.sleep(reply)
                     status, reply = 200, {}
+                elif status == "slow":  # (seconds, body): answered late
+                    time.sleep(reply[0])
+                    status, reply = 200, reply[1]
                 data = json.dumps(reply).encode()
                 try:
                     self.send_response(status)
@@ -524,3 +528,32 @@ def test_the_paged_engine_decodes_greedy_rows_as_the_hf_engine(tiny_model_path, 
     PagedEngine(model, tokenizer, device="cpu")._batch([], 4, 0.7)
     assert (seen[0].do_sample, seen[0].temperature, seen[0].top_p, seen[0].top_k) == \
         (True, 0.7, 1.0, 0)
+
+
+def test_a_server_group_keeps_each_episode_on_one_server_and_survives_a_lost_one(scripted):
+    """A new episode goes to the server with the fewest requests in flight, its later
+    turns follow it; a server that stops answering is dropped and the turn is sent, with
+    its seed, to another; with none left, one line names them all."""
+    from gaca_agent.generate.server_group import ServerGroup, ServersDown
+
+    a = scripted({"/v1/chat/completions": [("slow", (0.5, chat())), (200, chat())]})
+    b = scripted({"/v1/chat/completions": [(200, chat())]})
+    group = ServerGroup([engine(a), engine(b)])
+    first = group.submit(MESSAGES, 4, 1.0, key=1, episode="e1")  # a tie: the first listed
+    second = group.submit(MESSAGES, 4, 1.0, key=2, episode="e2")  # a is busy: b
+    assert first.result(10).completion_ids == second.result(10).completion_ids == [5, 6, 7]
+    assert (len(a.calls), len(b.calls)) == (1, 1)
+    group.complete(MESSAGES, 4, 1.0, key=3, episode="e2")  # follows its episode to b
+    group.complete(MESSAGES, 4, 1.0, key=4, episode="e3")  # none in flight: the first
+    assert (len(a.calls), len(b.calls)) == (2, 2) and group.inflight == [0, 0]
+    b.close()
+    group.complete(MESSAGES, 4, 1.0, key=5, episode="e2")  # b is gone: a, same seed
+    assert len(a.calls) == 3 and a.calls[-1][1]["seed"] == 5
+    assert list(group.down) == [1] and group.members == [group.engines[0]]
+    group.complete(MESSAGES, 4, 1.0, key=6, episode="e2")  # and stays there
+    assert len(a.calls) == 4
+    a.close()
+    with pytest.raises(ServersDown, match="every inference server is down") as err:
+        group.complete(MESSAGES, 4, 1.0, key=7, episode="e1")
+    assert a.base in str(err.value) and b.base in str(err.value)
+    group.close()

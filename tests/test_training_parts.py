@@ -186,28 +186,39 @@ class FakeServer:
     """A server engine that records the syncs and answers the probe with given log-probs;
     ``seeded``: the second probe answer repeats the first."""
 
-    def __init__(self, kind, served, seeded=True, fail=None):
+    def __init__(self, kind, served, seeded=True, fail=None, base_url="http://fake/v1"):
         self.kind, self.served, self.seeded, self.fail = kind, served, seeded, fail
+        self.base_url = base_url
         self.adapter = self.weight_version = None
         self.calls, self.probes = [], []
 
-    def load_adapter(self, name, path, version=None):
+    @property
+    def members(self):
+        return [self]
+
+    def lose(self, engine, err):
+        return False  # one server: a sync cannot go on without it
+
+    def _failing(self):
         if self.fail:
-            raise RuntimeError(self.fail)
+            raise self.fail if isinstance(self.fail, Exception) else RuntimeError(self.fail)
+
+    def load_adapter(self, name, path, version=None):
+        self._failing()
         self.calls.append(("adapter", name, path, version))
         self.adapter = name
         if self.kind == "sglang":
             self.weight_version = name
 
     def update_weights_from_disk(self, path, label, version=None):
-        if self.fail:
-            raise RuntimeError(self.fail)
+        self._failing()
         self.calls.append(("disk", label, path, version))
         self.weight_version = label
 
     def complete(self, messages, tokens, temperature, key=None):
         from gaca_agent.generate.engines import Completion
 
+        self._failing()
         self.probes.append(temperature)
         again = len(self.probes) % 2 == 0
         ids = [9, 9, 9] if again and not self.seeded else [7, 8, 9]
@@ -299,3 +310,29 @@ def test_a_run_whose_server_is_gone_stops_naming_the_stage_and_the_resume(tmp_pa
     assert message.endswith(f"no checkpoint yet: gaca-train --resume {tmp_path / 'gone'} "
                             "starts it over")
     assert stopped.value.latest is None and stopped.value.run_dir == tmp_path / "gone"
+
+
+def test_a_sync_goes_to_every_server_and_drops_one_found_gone(tmp_path):
+    """server.replicas: each version is loaded and probed on every server; one found gone
+    at a sync is dropped and the sync goes on; the last one gone stops the run."""
+    from gaca_agent.generate.http import ServerUnreachable
+    from gaca_agent.generate.server_engine import WeightSyncError
+    from gaca_agent.generate.server_group import ServerGroup
+
+    sync, _, a = weight_sync(tmp_path, lora=True)
+    b = FakeServer("vllm", a.served, base_url="http://other/v1")
+    sync.engine = group = ServerGroup([a, b])
+    sync(1)
+    assert [c[1] for c in a.calls] == [c[1] for c in b.calls] == [f"{sync.prefix}-v1"]
+    assert a.probes == b.probes == [1.0, 1.0, 0.4, 0.4]  # both servers, both temperatures
+    b.fail = WeightSyncError("the server did not load adapter ...")  # as the engine says it
+    b.fail.__cause__ = ServerUnreachable("http://other/v1: connection refused")
+    assert sync(2)["sync/version"] == 2.0 and list(group.down) == [1]
+    assert len(a.calls) == 2 and group.members == [a]
+    a.fail = ServerUnreachable("http://fake/v1: connection refused")
+    with pytest.raises(WeightSyncError, match="connection refused"):
+        sync(3)  # the last server: nothing to go on with
+    b.fail, a.fail = None, RuntimeError("disk quota")
+    group.down.clear()
+    with pytest.raises(WeightSyncError, match="disk quota"):
+        sync(4)  # a refusal is no lost server: the run stops

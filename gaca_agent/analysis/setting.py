@@ -65,7 +65,9 @@ def _rollout_text(config: TrainConfig) -> str:
         return f"{m.engine} engine in process, {weights}"
     tis = f", TIS cap {learner.tis_cap:g}" if learner.tis_cap is not None else ""
     how = "adapter" if learner.lora_r > 0 else f"weights from disk ({config.server.sync_dtype})"
-    return (f"{config.server.kind} server at {config.server.base_url}, {weights}, {how} "
+    where = ", ".join((config.server.base_url, *config.server.replicas))
+    servers = "servers" if config.server.replicas else "server"
+    return (f"{config.server.kind} {servers} at {where}, {weights}, {how} "
             f"reloaded after each update and probed{tis}")
 
 

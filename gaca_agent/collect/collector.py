@@ -178,7 +178,8 @@ class Collector:
                row_key(ep.seed, ep.traj % group_size, step))
         return Turn(self.config.id, info.get("task", ""), st["obs"],
                     tuple(info.get("admissible_actions", ())), tuple(st["history"]),
-                    step, expert_action, self.family, key, st.get("version"))
+                    step, expert_action, self.family, key, st.get("version"),
+                    (ep.seed, ep.traj))
 
     def _record(self, ep: Episode, steps: TableBuilder, st: dict[str, Any],
                 out: ActionOutput, result) -> None:

@@ -239,6 +239,8 @@ def check_config(cfg) -> None:
     if missing:
         raise InputError(f"logging: {', '.join(missing)} needs the package(s) "
                          f"{', '.join(missing)} (pip install {' '.join(missing)})")
-    urls = [(cfg.server.base_url, "server.base_url")] if cfg.model.engine == "server" else []
+    urls = ([(cfg.server.base_url, "server.base_url")]
+            + [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
+            if cfg.model.engine == "server" else [])
     check_run_inputs(cfg.env.id, [cfg.env.kwargs, cfg.env.eval_kwargs], model=cfg.model.path,
                      urls=urls, servers=cfg.env.servers)

@@ -120,6 +120,11 @@ class ServerSection:
 
     base_url: str = ""
     """The server's OpenAI API root, e.g. ``http://127.0.0.1:8000/v1``."""
+    replicas: tuple[str, ...] = ()
+    """More servers of the same model (their API roots): each episode stays on one server,
+    new episodes go to the server with the fewest requests in flight, a server that stops
+    answering is dropped and its turns go to the others; every weight sync and probe goes
+    to each server still up (gaca_agent/generate/server_group.py)."""
     model: str = ""
     """The base model's served name (vLLM's ``--served-model-name``, else its path): the
     same weights as ``model.path``, which the learner trains."""
@@ -156,7 +161,7 @@ class ServerSection:
     transfer_host: str = "127.0.0.1"
     """The learner's address as the inference server reaches it (the rendezvous host)."""
     transfer_port: int = 0
-    """The rendezvous port (0: a free one)."""
+    """The rendezvous port (0: a free one; with ``replicas``, server i uses this + i)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0:
@@ -164,6 +169,9 @@ class ServerSection:
                              "server.retries >= 0")
         if self.probe_tolerance <= 0 or self.probe_tokens < 1:
             raise ValueError("need server.probe_tolerance > 0 and server.probe_tokens >= 1")
+        bad = [u for u in self.replicas if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"server.replicas must be http(s):// URLs, got {bad}")
         if self.bucket_mb < 1 or self.transfer_timeout_s <= 0 or self.transfer_port < 0:
             raise ValueError("need server.bucket_mb >= 1, server.transfer_timeout_s > 0 and "
                              "server.transfer_port >= 0")

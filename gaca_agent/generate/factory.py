@@ -33,8 +33,14 @@ def make_engine(name: str, model: Any = None, tokenizer: Any = None, device: Any
 
         if server is None:
             raise ValueError("the server engine needs the server section (base_url, model)")
-        return ServerEngine(server.base_url, server.model, tokenizer, server.kind,
-                            os.environ.get(server.api_key_env), server.concurrency,
-                            server.timeout_s, server.retries,
-                            admin_api_key=os.environ.get(server.admin_api_key_env), **kwargs)
+        engines = [ServerEngine(url, server.model, tokenizer, server.kind,
+                                os.environ.get(server.api_key_env), server.concurrency,
+                                server.timeout_s, server.retries,
+                                admin_api_key=os.environ.get(server.admin_api_key_env), **kwargs)
+                   for url in (server.base_url, *server.replicas)]
+        if len(engines) == 1:
+            return engines[0]
+        from gaca_agent.generate.server_group import ServerGroup
+
+        return ServerGroup(engines)
     raise ValueError(f"unknown rollout engine {name!r}; valid: {list(ENGINES)}")

@@ -218,18 +218,31 @@ class ServerEngine:
             body["seed"] = int(key)
         return body
 
+    @property
+    def members(self) -> list["ServerEngine"]:
+        """The servers a weight sync goes to and is probed on: this one
+        (:class:`~gaca_agent.generate.server_group.ServerGroup` has several)."""
+        return [self]
+
+    def lose(self, engine, err: BaseException) -> bool:
+        """Whether a sync can go on without ``engine``: not when it is the only server."""
+        return False
+
     def submit(self, messages: list[dict], max_tokens: int, temperature: float,
-               key: int | None = None, version: int | None = None) -> Future:
+               key: int | None = None, version: int | None = None,
+               episode: Any = None) -> Future:
         """A future :class:`Completion` of one chat request; ``version``: the synced
         weight version the turn's episode is pinned to (None: the newest). The model and
-        the versions the answer may come from are fixed here, at submission."""
+        the versions the answer may come from are fixed here, at submission.
+        ``episode``: the turn's episode (one server: nothing to route)."""
         with self._lock:
             target = self._target(version)
         return self.pool.submit(self._complete, messages, max_tokens, temperature, key,
                                 *target)
 
     def complete(self, messages: list[dict], max_tokens: int, temperature: float,
-                 key: int | None = None, version: int | None = None) -> Completion:
+                 key: int | None = None, version: int | None = None,
+                 episode: Any = None) -> Completion:
         """One chat request, answered (see :meth:`submit`)."""
         with self._lock:
             target = self._target(version)

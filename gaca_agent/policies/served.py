@@ -34,7 +34,7 @@ class ServerPolicy:
     def submit(self, turn: Turn) -> Future:
         """A future :class:`ActionOutput` for one turn."""
         inner = self.engine.submit(self.messages(turn), self.max_new_tokens,
-                                   self.temperature, turn.key, turn.version)
+                                   self.temperature, turn.key, turn.version, turn.episode)
         outer: Future = Future()
 
         def done(f: Future) -> None:

@@ -29,7 +29,7 @@ class WeightSync:
         # the full weights of this version and the one before
         self.keep_files = max(2, keep) if self.lora else 2
         self.broadcast = not self.lora and server.weight_transfer == "broadcast"
-        self.sender = None  # the broadcast's learner end, opened at the first sync
+        self.senders: dict[str, object] = {}  # the broadcast's learner ends, by server
         self.dir = run_dir / ("adapters" if self.lora else "weights")
         # the probe's metric prefix and temperature: the rollouts', then the held-out one
         # when it differs (greedy sampling, temperature 0, is not probed)
@@ -48,7 +48,7 @@ class WeightSync:
         name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
         if self.lora:
             self.learner.save_adapter(path)
-            load = partial(self.engine.load_adapter, name, str(path.resolve()), version)
+            load = partial(self._each, "load_adapter", name, str(path.resolve()), version)
         elif self.broadcast:
             named = self.learner.full_weights(self.server.sync_dtype)
             load = partial(self._broadcast, named, name, version)
@@ -57,10 +57,10 @@ class WeightSync:
             load = partial(self._from_disk, path, name, version)
         sent = self._on_main(load, f"weight sync of version {version} failed") or {}
         if not acc.is_main_process:  # the other ranks' engines (the main one has it)
-            self.engine.synced(version, name, labelled=not self.lora or
-                               self.engine.kind == "sglang")
-            if self.lora:
-                self.engine.adapter = name
+            for engine in self.engine.members:
+                engine.synced(version, name, labelled=not self.lora or engine.kind == "sglang")
+                if self.lora:
+                    engine.adapter = name
         with self.learner.rollout_context():  # every rank (FSDP gathers); the main probes
             metrics = self._on_main(self._probe,
                                     f"after the weight sync of version {version}")
@@ -73,30 +73,55 @@ class WeightSync:
         return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
                 **sent, **(metrics or {})}
 
+    def _each(self, method: str, *args) -> None:
+        """``method(*args)`` of every server still up (one found gone is dropped when
+        others are left)."""
+        for engine in self.engine.members:
+            try:
+                getattr(engine, method)(*args)
+            except Exception as err:
+                if not self.engine.lose(engine, err):
+                    raise
+
     def _from_disk(self, path: Path, name: str, version: int) -> dict[str, float]:
-        self.engine.update_weights_from_disk(str(path.resolve()), name, version)
+        self._each("update_weights_from_disk", str(path.resolve()), name, version)
         return {"perf/sync_bytes": float(sum(f.stat().st_size for f in path.glob(
             "*.safetensors")))}
 
     def _broadcast(self, named, name: str, version: int) -> dict[str, float]:
-        from gaca_agent.generate.transfer import (Broadcaster, VLLMBroadcaster,
-                                                  update_by_broadcast)
+        """The full weights to each server still up, each over its own group."""
+        from gaca_agent.generate.transfer import update_by_broadcast
 
-        if self.sender is None:
-            import torch
+        sent: dict[str, float] = {}
+        for i, engine in enumerate(self.engine.members):
+            sender = self.senders.get(engine.base_url) or self._sender(engine, i)
+            try:
+                out = update_by_broadcast(engine, sender, named, name, version)
+            except Exception as err:
+                if not self.engine.lose(engine, err):
+                    raise
+                continue
+            for key, value in out.items():
+                sent[key] = sent.get(key, 0.0) + value
+        return sent
 
-            kind = VLLMBroadcaster if self.engine.kind == "vllm" else Broadcaster
-            s = self.server
-            self.sender = kind(self.engine, s.transfer_host, s.transfer_port,
-                               "nccl" if torch.cuda.is_available() else "gloo",
-                               s.transfer_timeout_s, s.bucket_mb << 20,
-                               group_name=f"{self.prefix}-weights")
-        return update_by_broadcast(self.engine, self.sender, named, name, version)
+    def _sender(self, engine, i: int):
+        import torch
+
+        from gaca_agent.generate.transfer import Broadcaster, VLLMBroadcaster
+
+        kind = VLLMBroadcaster if engine.kind == "vllm" else Broadcaster
+        s = self.server
+        sender = self.senders[engine.base_url] = kind(
+            engine, s.transfer_host, s.transfer_port + i if s.transfer_port else 0,
+            "nccl" if torch.cuda.is_available() else "gloo", s.transfer_timeout_s,
+            s.bucket_mb << 20, group_name=f"{self.prefix}-weights" + (f"-{i}" if i else ""))
+        return sender
 
     def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
-            self.sender = None
+        for sender in self.senders.values():
+            sender.close()
+        self.senders.clear()
 
     def _on_main(self, step, context: str):
         """``step()`` on the main process; its result, or its failure raised on every
@@ -127,10 +152,17 @@ class WeightSync:
         from gaca_agent.generate.probe import check, probe
 
         out: dict[str, float] = {}
-        for tag, t in self.temperatures:
-            result = probe(self.engine, self.learner.score, t, self.server.probe_tokens)
-            out.update(result.metrics(tag))
-            check(result, self.server.probe_tolerance, self.engine.kind)
+        for engine in self.engine.members:  # each server; the metrics of the farthest
+            for tag, t in self.temperatures:
+                try:
+                    result = probe(engine, self.learner.score, t, self.server.probe_tokens)
+                except Exception as err:
+                    if not self.engine.lose(engine, err):
+                        raise
+                    break
+                if result.mean_gap >= out.get(f"{tag}/mean_gap", -1.0):
+                    out.update(result.metrics(tag))
+                check(result, self.server.probe_tolerance, engine.kind)
         if not out.get("probe/seed_honoured", 1.0) and not self.warned_seed:
             self.warned_seed = True
             print("warning: the inference server ignores the request seed (SGLang: start "
