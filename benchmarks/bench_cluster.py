@@ -60,8 +60,8 @@ def throughput(suite: str, episodes: int, repeats: int) -> dict:
 
     n_tasks = SUITES[suite][2]
     tasks = [(k * 7 % n_tasks, 1000 + k) for k in range(episodes)]
-    ray.init(num_cpus=2, object_store_memory=128 << 20, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=128 << 20,
+             include_dashboard=False, log_to_driver=False)
     local = Collector(section(suite))
     actors = Collector(section(suite), cluster=ClusterSection(backend="ray", env_actors=2))
     out: dict = {"local": [], "ray": [], "steps": 0}

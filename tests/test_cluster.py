@@ -26,8 +26,8 @@ def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
 
     import ray
 
-    ray.init(num_cpus=2, object_store_memory=80 << 20, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=80 << 20,
+             include_dashboard=False, log_to_driver=False)
     try:
         local = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
                                      invalid_penalty=-0.1, workers=2))
@@ -46,6 +46,23 @@ def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
         assert episodes_of(rollout) == episodes_of(expected)
         assert pool.restarts == 1
         assert pool._actors == [None, None]  # closed
+    finally:
+        ray.shutdown()
+
+
+def test_a_server_that_does_not_start_stops_the_run_with_its_own_words():
+    import ray
+
+    from gaca_agent.cluster.servers import Fleet
+
+    ray.init(address="local", num_cpus=1, object_store_memory=80 << 20,
+             include_dashboard=False, log_to_driver=False)
+    try:
+        spec = ClusterSection(backend="ray", servers=1, server_cpus=0.5,
+                              server_start_timeout_s=60, server_command=(
+                                  "python3 -c \"print('no weights at {model}'); exit(3)\""))
+        with pytest.raises(Exception, match="did not become healthy.*no weights at /m"):
+            Fleet(spec, {"model": "/m", "name": "tiny"})
     finally:
         ray.shutdown()
 
@@ -191,3 +208,64 @@ def test_the_asynchronous_mode_runs_on_ray_unchanged(tmp_path, tiny_model_path, 
         assert {s["policy_version"] for s in steps_of(run, it)} == {max(0, it - 1)}
         assert rows[it]["async/stale_max"] == min(it, 1) and rows[it]["sync/version"] == it + 1
     assert "backend: ray" in (run / "config.yaml").read_text()  # resumes on Ray too
+
+
+@pytest.mark.slow
+def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_node(
+        tmp_path, tiny_model_path, fresh_accelerate, monkeypatch):
+    """cluster.servers: 2 gaca-serve processes started by Ray actors on two nodes (a
+    custom resource stands for a GPU); both serve episodes; a node removed after the
+    first iteration takes its server with it and the run finishes on the other."""
+    import json
+    import threading
+    import time
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from gaca_agent.cluster.servers import Fleet
+    from gaca_agent.config import load_config
+    from gaca_agent.generate.server_group import ServerGroup
+    from gaca_agent.training.loop import train
+
+    made = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "object_store_memory": 80 << 20, "include_dashboard": False})
+    nodes = [made.add_node(num_cpus=1, resources={"gpu_slot": 1}, object_store_memory=80 << 20)
+             for _ in range(2)]
+    ray.init(address=made.address, log_to_driver=False)
+    fleets, picked = [], []
+    init, pick = Fleet.__init__, ServerGroup._pick
+    monkeypatch.setattr(Fleet, "__init__", lambda f, *a: (fleets.append(f), init(f, *a))[1])
+    monkeypatch.setattr(ServerGroup, "_pick",
+                        lambda group, episode: picked.append(pick(group, episode)) or picked[-1])
+    run_dir = tmp_path / "placed"
+
+    def lose_a_node_after_the_first_iteration():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            rows = run_dir / "metrics.jsonl"
+            if rows.exists() and any(json.loads(x)["iteration"] == 0 for x in rows.open()):
+                picked.append("lost")
+                made.remove_node(nodes[1])
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=lose_a_node_after_the_first_iteration, daemon=True).start()
+    try:
+        train(load_config("gaca_agent/configs/default.yaml", [
+            "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
+            "env.group_size=2", "env.workers=0", "learner.old_logprobs=recompute",
+            "learner.lora_r=4", "warmup.bc_steps=5", "warmup.bc_episodes=2",
+            f"out_dir={tmp_path}", "name=placed", "model.engine=server", "server.model=tiny",
+            "server.retries=0", "model.max_new_tokens=12", "cluster.backend=ray",
+            f"cluster.address={made.address}", "cluster.servers=2", "cluster.server_cpus=0.5",
+            "cluster.server_resources={gpu_slot: 1}", "cluster.server_start_timeout_s=120"]),
+            progress=False)
+    finally:
+        ray.shutdown()
+        made.shutdown()
+    assert len(fleets) == 1 and len(fleets[0].urls) == 2
+    lost = picked.index("lost")
+    assert set(picked[:lost]) == {0, 1} and 1 not in picked[lost + 2:]
+    rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
+    assert sorted(rows) == [-1, 0, 1, 2]

@@ -36,8 +36,8 @@ def connect(cluster) -> None:
     if cluster.address:
         ray.init(address=cluster.address, log_to_driver=False)
     else:
-        ray.init(object_store_memory=cluster.object_store_mb << 20, include_dashboard=False,
-                 log_to_driver=False)
+        ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
+                 include_dashboard=False, log_to_driver=False)
 
 
 class RayPool(HostPool):

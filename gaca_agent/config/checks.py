@@ -239,7 +239,7 @@ def check_config(cfg) -> None:
     if missing:
         raise InputError(f"logging: {', '.join(missing)} needs the package(s) "
                          f"{', '.join(missing)} (pip install {' '.join(missing)})")
-    urls = ([(cfg.server.base_url, "server.base_url")]
+    urls = ([(u, k) for u, k in [(cfg.server.base_url, "server.base_url")] if u]
             + [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
             if cfg.model.engine == "server" else [])
     check_run_inputs(cfg.env.id, [cfg.env.kwargs, cfg.env.eval_kwargs], model=cfg.model.path,

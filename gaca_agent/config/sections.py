@@ -227,12 +227,33 @@ class ClusterSection:
     with ``ray start --resources '{"webshop_index": 4}'``."""
     object_store_mb: int = 512
     """A Ray started here: its object store (Ray's default takes 30% of the memory)."""
+    servers: int = 0
+    """``ray`` with ``model.engine: server``: inference servers Ray starts, spread over
+    the nodes with ``server_resources`` (0: the servers in ``server.base_url`` and
+    ``server.replicas`` are yours)."""
+    server_command: str = ("gaca-serve {model} --name {name} --host {host} --port {port} "
+                           "--api-key {api_key}")
+    """How a server starts on its node: ``{model}`` (``model.path``, readable there),
+    ``{name}`` (``server.model``), ``{host}`` (the node's address), ``{port}`` (a free
+    one), ``{api_key}`` (a key made for the run, which its clients send); e.g. ``vllm
+    serve {model} --served-model-name {name} --host {host} --port {port} --api-key
+    {api_key} --enable-lora``."""
+    server_resources: dict = field(default_factory=dict)
+    """What each server needs, e.g. ``{GPU: 1}`` (or a tensor-parallel group's)."""
+    server_cpus: float = 1.0
+    server_start_timeout_s: float = 900.0
+    """How long a server may take to answer ``/health`` (loading the model)."""
 
     def __post_init__(self) -> None:
         if self.env_actors < 0 or self.env_cpus <= 0 or self.env_memory_mb < 0 \
                 or self.object_store_mb < 64:
             raise ValueError("need cluster.env_actors >= 0, cluster.env_cpus > 0, "
                              "cluster.env_memory_mb >= 0 and cluster.object_store_mb >= 64")
+        if self.servers < 0 or self.server_cpus < 0 or self.server_start_timeout_s <= 0:
+            raise ValueError("need cluster.servers >= 0, cluster.server_cpus >= 0 and "
+                             "cluster.server_start_timeout_s > 0")
+        if self.servers and self.backend != "ray":
+            raise ValueError("cluster.servers are started by Ray: set cluster.backend: ray")
 
 
 @dataclass(frozen=True)
@@ -316,10 +337,13 @@ def check_staleness(cfg: "TrainConfig") -> None:
 
 def check_server_setting(cfg: "TrainConfig") -> None:
     """What ``model.engine: server`` needs, each refusal saying why."""
-    if not cfg.server.base_url or not cfg.server.model:
+    if not (cfg.server.base_url or cfg.cluster.servers) or not cfg.server.model:
         raise ValueError("model.engine: server needs server.base_url (the API root, e.g. "
-                         "http://127.0.0.1:8000/v1) and server.model (the base model's "
-                         "served name)")
+                         "http://127.0.0.1:8000/v1; or cluster.servers: N started by Ray) "
+                         "and server.model (the base model's served name)")
+    if cfg.cluster.servers and (cfg.server.base_url or cfg.server.replicas):
+        raise ValueError("cluster.servers starts the inference servers itself: leave "
+                         "server.base_url and server.replicas empty (or set cluster.servers: 0)")
     if cfg.learner.old_logprobs != "recompute":
         raise ValueError(
             "model.engine: server needs learner.old_logprobs: recompute: the server's "

@@ -25,7 +25,7 @@ from gaca_agent.training.iteration import (EVAL_SEED, drop_stale, episode_record
                                            staleness_metrics, write_train_report)
 from gaca_agent.training.producer import Batch, Lockstep, Producer
 from gaca_agent.training.setup import (load_adapter, load_ahead, make_collector, make_policies,
-                                       resolve_model, save_ahead)
+                                       place_servers, resolve_model, save_ahead)
 from gaca_agent.training.sync import WeightSync
 
 
@@ -60,6 +60,8 @@ class Run:
     policy: Any = None
     eval_policy: Any = None
     server: Any = None
+    fleet: Any = None
+    """The inference servers Ray started for the run (``cluster.servers``)."""
     collector: Any = None
     evaluator: Any = None
     sync: WeightSync | None = None
@@ -76,7 +78,7 @@ class Run:
 
     def close(self) -> None:
         for part in (self.source, self.sync, self.collector, self.evaluator, self.server,
-                     self.log):
+                     self.fleet, self.log):
             if part is not None:
                 part.close()
 
@@ -156,13 +158,14 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
                      cfg.logging, cfg.name, cfg.project, to_dict(cfg))
     run = Run(cfg, acc, run_dir, learner, tokenizer, log, ckpt[0] + 1 if ckpt else 0,
               ahead=ahead)
-    run.policy, run.eval_policy, run.server = make_policies(cfg, learner, tokenizer)
+    run.fleet, served = place_servers(cfg, base, acc)  # cluster.servers: started by Ray
+    run.policy, run.eval_policy, run.server = make_policies(served, learner, tokenizer)
     run.n_train = num_tasks_of(cfg.env.id, cfg.env.kwargs, cfg.env.servers)
     run.n_eval = num_tasks_of(cfg.env.id, cfg.env.eval_kwargs, cfg.env.servers)
     run.collector = make_collector(cfg, cfg.env.kwargs)
     run.evaluator = make_collector(cfg, cfg.env.eval_kwargs)  # one for every evaluation
     if run.server is not None:
-        run.sync = WeightSync(learner, run.server, run_dir, cfg.name, cfg.server,
+        run.sync = WeightSync(learner, run.server, run_dir, cfg.name, served.server,
                               cfg.model.temperature, cfg.model.eval_temperature,
                               keep=cfg.max_staleness + 1)
     return run

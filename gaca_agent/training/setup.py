@@ -51,6 +51,37 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
               for t in (m.temperature, m.eval_temperature)), engine)
 
 
+FLEET_KEY = "GACA_FLEET_API_KEY"
+"""The environment variable holding the key of the servers Ray started (set by the run)."""
+
+
+def place_servers(cfg: TrainConfig, model: str, acc):
+    """(the inference servers Ray started for the run, or None; ``cfg`` with their URLs
+    and key in its server section)."""
+    from dataclasses import replace
+
+    import os
+
+    if not cfg.cluster.servers or cfg.model.engine != "server":
+        return None, cfg
+    from accelerate.utils import broadcast_object_list
+
+    fleet, placed = None, [None]
+    if acc.is_main_process:
+        from gaca_agent.cluster.servers import Fleet
+
+        fleet = Fleet(cfg.cluster, {"model": model, "name": cfg.server.model})
+        placed = [(fleet.urls, fleet.api_key)]
+    if acc.num_processes > 1:
+        broadcast_object_list(placed)
+    urls, key = placed[0]
+    os.environ[FLEET_KEY] = key  # what this process's clients send them
+    # the run as if the servers were listed (cluster.servers: 0, they are up)
+    return fleet, replace(cfg, cluster=replace(cfg.cluster, servers=0),
+                          server=replace(cfg.server, base_url=urls[0], replicas=tuple(urls[1:]),
+                                         api_key_env=FLEET_KEY, admin_api_key_env=FLEET_KEY))
+
+
 def make_collector(cfg: TrainConfig, kwargs: dict):
     """A collector of ``cfg.env`` with env kwargs ``kwargs`` (training or held-out)."""
     from dataclasses import replace

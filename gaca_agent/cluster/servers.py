@@ -1,0 +1,124 @@
+"""Inference servers placed by Ray (``cluster.servers: N``): one :class:`ServerActor` per
+server, spread over the nodes that have ``cluster.server_resources`` (a GPU each, or a
+tensor-parallel group's), each starting ``cluster.server_command`` on a free port of its
+node, waiting for its ``/health``, and stopping it when the run ends. The server process
+dies with its actor (and so with its node): the run's
+:class:`~gaca_agent.generate.server_group.ServerGroup` then sends that server's turns to
+the others."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it runs: killed when its actor's process ends."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class ServerActor:
+    """One inference server process on this actor's node."""
+
+    def __init__(self, command: str, fields: dict[str, str], start_timeout_s: float) -> None:
+        import ray
+
+        from gaca_envs.net import free_port
+
+        self.host = ray.util.get_node_ip_address()
+        self.port, self.api_key = free_port(), fields.get("api_key")
+        words = shlex.split(command.format(**fields, host=self.host, port=self.port))
+        if words and words[0] == "gaca-serve":  # this environment's, wherever PATH points
+            words = [sys.executable, "-m", "gaca_agent.cli.serve", *words[1:]]
+        # its output goes to a file (a pipe nobody reads would fill and stop the server)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="gaca-server-", suffix=".log")
+        self.proc = subprocess.Popen(words, stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + start_timeout_s
+        while not self._healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.log.seek(0)
+                tail = self.log.read()[-1500:].strip()
+                raise RuntimeError(f"the inference server `{' '.join(words)}` did not become "
+                                   f"healthy on {self.host}:{self.port}: {tail}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        request = urllib.request.Request(f"http://{self.host}:{self.port}/health")
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class Fleet:
+    """The inference servers of one run: started together, their URLs, stopped together;
+    ``api_key``: the key made for them (``{api_key}`` in the command)."""
+
+    def __init__(self, cluster, fields: dict[str, str]) -> None:
+        import secrets
+
+        import ray
+
+        from gaca_agent.cluster.ray_pool import connect
+
+        connect(cluster)
+        self.api_key = secrets.token_hex(16)
+        fields = {**fields, "api_key": self.api_key}
+        options: dict[str, Any] = {"num_cpus": cluster.server_cpus,
+                                   "scheduling_strategy": "SPREAD", "max_restarts": 0}
+        if cluster.server_resources:
+            options["resources"] = {k: float(v) for k, v in cluster.server_resources.items()}
+        make = ray.remote(ServerActor).options(**options)
+        self.actors = [make.remote(cluster.server_command, fields,
+                                   cluster.server_start_timeout_s)
+                       for _ in range(cluster.servers)]
+        self.urls: list[str] = ray.get([a.url.remote() for a in self.actors],
+                                       timeout=cluster.server_start_timeout_s + 60)
+
+    def nodes(self) -> list[str]:
+        import ray
+
+        return ray.get([a.node.remote() for a in self.actors], timeout=60)
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.get(actor.stop.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - gone with its node
+                pass
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = []
