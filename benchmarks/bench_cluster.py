@@ -28,7 +28,7 @@ from gaca_agent.collect.collector import Collector
 from gaca_agent.config import ClusterSection, EnvSection
 from gaca_agent.policies import make_policy
 
-SUITES = {"diag": ("gaca/Diag-Corridor-v0", {"split": "test"}, 40),
+SUITES = {"diag": ("gaca/Diag-Corridor-v0", {"split": "test"}, 16),
           "alfworld": ("gaca/ALFWorld-v0", {"split": "valid_seen"}, 140)}
 
 
@@ -42,7 +42,8 @@ def timed(collector: Collector, tasks, **run) -> tuple[float, int]:
     t0 = time.perf_counter()
     rollout = collector.run(make_policy("random", seed=1), tasks, 1, **run)
     elapsed = time.perf_counter() - t0
-    assert not any(e.failed for e in rollout.episodes), "an episode failed"
+    failed = [e.error for e in rollout.episodes if e.failed]
+    assert not failed, f"{len(failed)} episodes failed: {failed[0]}"
     return elapsed, sum(e.length for e in rollout.episodes)
 
 
@@ -132,7 +133,12 @@ def main(argv=None) -> int:
     report = {}
     for suite in args.suites:
         try:
-            section(suite)  # the env's data is found where it is made, below
+            import gymnasium as gym
+
+            import gaca_envs
+
+            gym.register_envs(gaca_envs)
+            gym.make(SUITES[suite][0], **SUITES[suite][1]).close()  # its data is found
             report[suite] = {"throughput": throughput(suite, args.episodes, args.repeats),
                              "recovery": recovery(suite, args.episodes, args.repeats)}
         except FileNotFoundError as err:

@@ -349,6 +349,58 @@ def test_rollouts_are_the_same_in_this_process_and_in_workers():
     assert [e.length for e in a.episodes] == [e.length for e in b.episodes]
 
 
+class FlakyHosts:
+    """HostPool over EnvHosts in this process; a worker in ``dead`` does not answer its
+    next call (as a worker process or Ray actor that died)."""
+
+    @staticmethod
+    def make(num_envs=4, num_workers=2):
+        from gaca_agent.collect.workers import HostPool
+
+        class Pool(HostPool):
+            def __init__(self):
+                super().__init__(num_envs, num_workers, None, 1.0)
+                self.hosts, self.pending, self.dead = {}, {}, set()
+                for w in range(self.num_workers):
+                    self._start(w)
+
+            def _start(self, w):
+                self.hosts[w] = EnvHost(CORRIDOR, {"split": "test"})
+
+            def _stop(self, w):
+                self.hosts[w].close()
+
+            def _send(self, w, cmd, items):
+                self.pending[w] = (cmd, items)
+                return True
+
+            def _receive(self, w):
+                cmd, items = self.pending.pop(w)
+                if w in self.dead:
+                    self.dead.discard(w)
+                    return None
+                return self.hosts[w].handle(cmd, items)
+
+        return Pool()
+
+
+def test_a_worker_lost_in_another_slots_call_loses_every_episode_it_held():
+    """Worker 1 dies while only slot 1 is being reset; slot 3, mid-episode there, lost its
+    env too: it answers a lost-host failure (not the new env's "reset first") until reset."""
+    pool = FlakyHosts.make()
+    assert not any(isinstance(a, WorkerFailure)
+                   for a in pool.call("reset", [(1, (0, {"task_id": 0})),
+                                                (3, (0, {"task_id": 1}))]).values())
+    pool.dead.add(1)
+    failed = pool.call("reset", [(1, (5, {"task_id": 2}))])[1]
+    assert failed.lost and pool.restarts == 1
+    lost = pool.call("step", [(3, "walk forward"), (0, "walk forward")])
+    assert lost[3].lost and "was replaced" in lost[3].message
+    assert isinstance(lost[0], WorkerFailure) and not lost[0].lost  # slot 0: never reset
+    assert not isinstance(pool.call("reset", [(3, (0, {"task_id": 1}))])[3], WorkerFailure)
+    assert not isinstance(pool.call("step", [(3, "walk forward")])[3], WorkerFailure)
+
+
 def episodes_of(rollout):
     """What a rollout played, episode by episode (its actions, rewards and ending)."""
     t = rollout.table

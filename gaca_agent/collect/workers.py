@@ -132,6 +132,7 @@ class HostPool:
         self.num_envs, self.num_workers = num_envs, min(num_workers, num_envs)
         self.recycle_after, self.timeout_s = recycle_after, timeout_s
         self._resets = [0] * self.num_workers
+        self._lost: set[int] = set()  # slots whose env went with a replaced worker
         self.restarts = 0
         self.recycles = 0
         self.expert = False  # local envs answer expert calls whenever asked
@@ -176,16 +177,27 @@ class HostPool:
         return n
 
     def call(self, cmd: str, items: list[tuple[int, Any]]) -> dict[int, Any]:
-        """Run ``cmd`` for (slot, argument) pairs; returns slot -> answer or WorkerFailure."""
+        """Run ``cmd`` for (slot, argument) pairs; returns slot -> answer or WorkerFailure.
+        A slot whose worker was replaced while it held an episode answers a lost-host
+        failure until it is reset (its env is gone, whichever call found the worker dead)."""
+        results: dict[int, Any] = {}
         by_worker: dict[int, list[tuple[int, Any]]] = {}
         for slot, arg in items:
+            if cmd == "reset":
+                self._lost.discard(slot)
+            elif slot in self._lost:
+                results[slot] = WorkerFailure(f"env worker {self.worker_of(slot)} was "
+                                              "replaced; this env's episode went with it",
+                                              lost=True)
+                continue
             by_worker.setdefault(self.worker_of(slot), []).append((slot // self.num_workers, arg))
         sent = [w for w, local in by_worker.items() if self._send(w, cmd, local)]
-        results: dict[int, Any] = {}
         for w, local in by_worker.items():
             answers = self._receive(w) if w in sent else None
             if answers is None:
                 self._restart(w)
+                self._lost |= {s for s in range(w, self.num_envs, self.num_workers)} - \
+                    {i * self.num_workers + w for i, _ in local}
                 for i, _ in local:
                     results[i * self.num_workers + w] = WorkerFailure(
                         f"env worker {w} died or stopped answering; restarted", lost=True)
