@@ -3,7 +3,7 @@
 # (a later -m overrides the slow filter: -m slow runs only the slow ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev,docs,integrations}"
+bash scripts/setup.sh "${GACA_TEST_EXTRAS:-alfworld,webshop,train,envserver,scienceworld,dev,docs,integrations,ray}"
 # vLLM's and SGLang's own code as the server client's test oracle (a side environment).
 if [ "${GACA_TEST_UPSTREAM:-1}" = 1 ]; then
     bash scripts/setup_upstream.sh

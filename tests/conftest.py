@@ -151,3 +151,32 @@ def stop_at_first_checkpoint(run, run_dir, victim, iterations: int):
     assert stopped in (2, 3), errors
     assert f"iter-{stopped - 2:05d}, is intact" in errors[0], errors
     return stopped, errors[0]
+
+
+def picks_of(monkeypatch) -> list:
+    """The server index a ServerGroup picks for each turn, in order (recorded)."""
+    from gaca_agent.generate.server_group import ServerGroup
+
+    picked: list = []
+    pick = ServerGroup._pick
+    monkeypatch.setattr(ServerGroup, "_pick",
+                        lambda group, episode: picked.append(pick(group, episode)) or picked[-1])
+    return picked
+
+
+def once_logged(run_dir, iteration: int, action) -> None:
+    """On a thread: ``action()`` once ``run_dir/metrics.jsonl`` holds ``iteration``'s row."""
+    import json
+    import threading
+    import time
+
+    def wait() -> None:
+        rows, deadline = run_dir / "metrics.jsonl", time.time() + 300
+        while time.time() < deadline:
+            if rows.exists() and any(json.loads(x)["iteration"] == iteration
+                                     for x in rows.open()):
+                action()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=wait, daemon=True).start()

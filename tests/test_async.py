@@ -884,30 +884,15 @@ def test_two_servers_share_the_episodes_and_one_lost_leaves_the_run_going(tmp_pa
     probed on both; one killed after the first iteration, the run finishes on the other."""
     from pathlib import Path
 
-    from gaca_agent.generate.server_group import ServerGroup
+    from conftest import once_logged, picks_of
     from gaca_agent.training.loop import train
     from test_server_engine import start_gaca_serve
 
     root = Path(__file__).resolve().parents[1]
     (a, url_a), (b, url_b) = (start_gaca_serve(tiny_model_path, root) for _ in range(2))
-    picked = []
-    pick = ServerGroup._pick
-    monkeypatch.setattr(ServerGroup, "_pick",
-                        lambda group, episode: picked.append(pick(group, episode)) or picked[-1])
+    picked = picks_of(monkeypatch)
     run_dir = tmp_path / "two"
-
-    def kill_b_after_the_first_iteration():
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if (run_dir / "metrics.jsonl").exists() and any(
-                    json.loads(x)["iteration"] == 0 for x in (run_dir / "metrics.jsonl").open()):
-                picked.append("killed")
-                b.kill()
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_b_after_the_first_iteration, daemon=True)
-    killer.start()
+    once_logged(run_dir, 0, lambda: (picked.append("killed"), b.kill()))
     try:
         train(load_config("gaca_agent/configs/default.yaml", [
             "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",

@@ -217,15 +217,13 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     custom resource stands for a GPU); both serve episodes; a node removed after the
     first iteration takes its server with it and the run finishes on the other."""
     import json
-    import threading
-    import time
 
     import ray
     from ray.cluster_utils import Cluster
 
+    from conftest import once_logged, picks_of
     from gaca_agent.cluster.servers import Fleet
     from gaca_agent.config import load_config
-    from gaca_agent.generate.server_group import ServerGroup
     from gaca_agent.training.loop import train
 
     made = Cluster(initialize_head=True, head_node_args={
@@ -233,24 +231,11 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     nodes = [made.add_node(num_cpus=1, resources={"gpu_slot": 1}, object_store_memory=80 << 20)
              for _ in range(2)]
     ray.init(address=made.address, log_to_driver=False)
-    fleets, picked = [], []
-    init, pick = Fleet.__init__, ServerGroup._pick
+    fleets, init = [], Fleet.__init__
     monkeypatch.setattr(Fleet, "__init__", lambda f, *a: (fleets.append(f), init(f, *a))[1])
-    monkeypatch.setattr(ServerGroup, "_pick",
-                        lambda group, episode: picked.append(pick(group, episode)) or picked[-1])
+    picked = picks_of(monkeypatch)
     run_dir = tmp_path / "placed"
-
-    def lose_a_node_after_the_first_iteration():
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            rows = run_dir / "metrics.jsonl"
-            if rows.exists() and any(json.loads(x)["iteration"] == 0 for x in rows.open()):
-                picked.append("lost")
-                made.remove_node(nodes[1])
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=lose_a_node_after_the_first_iteration, daemon=True).start()
+    once_logged(run_dir, 0, lambda: (picked.append("lost"), made.remove_node(nodes[1])))
     try:
         train(load_config("gaca_agent/configs/default.yaml", [
             "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
