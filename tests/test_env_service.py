@@ -249,13 +249,24 @@ def test_sessions_are_counted_bounded_and_freed(served):
     finally:
         for e in envs:
             e.close()
-    metadata = served.get("/metadata")[1]
-    assert metadata["name"] == CORRIDOR
-    assert 'kwargs {"split": "test"}; clients may choose' in metadata["description"]
-    schema = served.get("/schema")[1]  # what a client reads of the fields
-    assert schema["action"]["properties"]["action"]["description"].startswith("the action text")
-    assert schema["observation"]["properties"]["info"]["description"] == \
-        "every info key of the local env"
+    assert served.get("/metadata")[1]["name"] == CORRIDOR
+
+
+def test_metadata_and_schema_describe_the_served_env():
+    """What a client reads of the env and its fields (a server of its own: mutmut counts
+    a module fixture's calls to the first test that uses it)."""
+    server = InProcess(env_kwargs={"split": "train"})
+    try:
+        metadata = server.get("/metadata")[1]
+        assert metadata["name"] == CORRIDOR
+        assert 'kwargs {"split": "train"}; clients may choose' in metadata["description"]
+        schema = server.get("/schema")[1]
+        assert schema["action"]["properties"]["action"]["description"].startswith(
+            "the action text")
+        assert schema["observation"]["properties"]["info"]["description"] == \
+            "every info key of the local env"
+    finally:
+        server.stop()
 
 
 def test_a_lost_server_is_a_lost_session_and_the_next_reset_reconnects():
