@@ -907,6 +907,7 @@ def test_two_servers_share_the_episodes_and_one_lost_leaves_the_run_going(tmp_pa
             proc.wait(timeout=30)
     killed = picked.index("killed")
     assert set(picked[:killed]) == {0, 1}  # both served before
-    assert set(picked[killed + 1:]) == {0}  # one after
+    after = picked[killed + 1:]  # at most the 4 live episodes' turns before it was known
+    assert after.count(1) <= 4 and set(after[-10:]) == {0}
     rows = rows_of(run_dir)
     assert sorted(rows) == [-1, 0, 1, 2] and all(rows[i]["probe/mean_gap"] < 1e-4 for i in rows)
