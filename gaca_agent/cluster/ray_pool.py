@@ -40,6 +40,18 @@ def connect(cluster) -> None:
                  include_dashboard=False, log_to_driver=False)
 
 
+def actor_options(cpus: float, resources: dict, memory_mb: int = 0) -> dict[str, Any]:
+    """Ray options of an actor that asks for ``cpus``, ``resources`` and ``memory_mb``,
+    spread over the nodes and never restarted by Ray (its pool or fleet replaces it)."""
+    options: dict[str, Any] = {"num_cpus": cpus, "scheduling_strategy": "SPREAD",
+                               "max_restarts": 0}
+    if memory_mb:
+        options["memory"] = memory_mb << 20
+    if resources:
+        options["resources"] = {k: float(v) for k, v in resources.items()}
+    return options
+
+
 class RayPool(HostPool):
     """``num_envs`` env slots in ``num_workers`` Ray actors (see the module docstring)."""
 
@@ -50,13 +62,8 @@ class RayPool(HostPool):
         super().__init__(num_envs, num_workers, recycle_after, timeout_s)
         connect(cluster)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        options: dict[str, Any] = {"num_cpus": cluster.env_cpus, "scheduling_strategy": "SPREAD",
-                                   "max_restarts": 0}
-        if cluster.env_memory_mb:
-            options["memory"] = cluster.env_memory_mb << 20
-        if cluster.env_resources:
-            options["resources"] = {k: float(v) for k, v in cluster.env_resources.items()}
-        self._actor_cls = ray.remote(EnvActor).options(**options)
+        self._actor_cls = ray.remote(EnvActor).options(**actor_options(
+            cluster.env_cpus, cluster.env_resources, cluster.env_memory_mb))
         self._actors: list[Any] = [None] * self.num_workers
         self._pending: dict[int, Any] = {}
         for w in range(self.num_workers):

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any
 
 
 def _die_with_parent() -> None:
@@ -65,11 +64,6 @@ class ServerActor:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def node(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -88,26 +82,18 @@ class Fleet:
 
         import ray
 
-        from gaca_agent.cluster.ray_pool import connect
+        from gaca_agent.cluster.ray_pool import actor_options, connect
 
         connect(cluster)
         self.api_key = secrets.token_hex(16)
         fields = {**fields, "api_key": self.api_key}
-        options: dict[str, Any] = {"num_cpus": cluster.server_cpus,
-                                   "scheduling_strategy": "SPREAD", "max_restarts": 0}
-        if cluster.server_resources:
-            options["resources"] = {k: float(v) for k, v in cluster.server_resources.items()}
-        make = ray.remote(ServerActor).options(**options)
+        make = ray.remote(ServerActor).options(**actor_options(cluster.server_cpus,
+                                                               cluster.server_resources))
         self.actors = [make.remote(cluster.server_command, fields,
                                    cluster.server_start_timeout_s)
                        for _ in range(cluster.servers)]
         self.urls: list[str] = ray.get([a.url.remote() for a in self.actors],
                                        timeout=cluster.server_start_timeout_s + 60)
-
-    def nodes(self) -> list[str]:
-        import ray
-
-        return ray.get([a.node.remote() for a in self.actors], timeout=60)
 
     def close(self) -> None:
         import ray

@@ -3,10 +3,11 @@
 :class:`EnvPool` spreads ``num_envs`` env slots over ``num_workers`` spawned processes
 (slot j lives in worker ``j % num_workers``); each worker runs an :class:`EnvHost`
 behind its pipe. The routing, restarts and recycling are :class:`HostPool`'s, which the
-Ray backend's actors (:mod:`gaca_agent.cluster`) share with another transport. Each call sends one batch of commands to every worker that has work,
-then gathers the answers, so workers step in parallel. A worker that dies or stops
-answering is restarted; the slots it held answer with :class:`WorkerFailure` so that the
-caller can mark those episodes failed.
+Ray backend's actors (:mod:`gaca_agent.cluster`) share with another transport. Each call
+sends one batch of commands to every worker that has work, then gathers the answers, so
+workers step in parallel. A worker that dies or stops answering is restarted; the slots
+it held answer with :class:`WorkerFailure` so that the caller can mark those episodes
+failed.
 
 A worker is also recycled after ``recycle_after`` resets (ALFWorld processes grow with
 every new game), but never under a live episode: from then on it is *draining*
@@ -149,6 +150,9 @@ class HostPool:
     def _stop(self, w: int) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        raise NotImplementedError
+
     def _restart(self, w: int) -> None:
         self._stop(w)
         self._start(w)
@@ -212,7 +216,7 @@ class HostPool:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()
 
 
 class EnvPool(HostPool):

@@ -7,6 +7,6 @@ from gaca_agent.config.sections import (SECTIONS, AlgoSection, ClusterSection, E
                                         ModelSection, ServerSection, TrainConfig,
                                         WarmupSection)
 
-__all__ = ["AlgoSection", "ClusterSection", "EnvSection", "ModelSection", "SECTIONS", "ServerSection",
-           "TrainConfig", "WarmupSection", "check_type", "config_names", "config_path",
-           "load_config", "to_dict"]
+__all__ = ["AlgoSection", "ClusterSection", "EnvSection", "ModelSection", "SECTIONS",
+           "ServerSection", "TrainConfig", "WarmupSection", "check_type", "config_names",
+           "config_path", "load_config", "to_dict"]

@@ -239,8 +239,9 @@ def check_config(cfg) -> None:
     if missing:
         raise InputError(f"logging: {', '.join(missing)} needs the package(s) "
                          f"{', '.join(missing)} (pip install {' '.join(missing)})")
-    urls = ([(u, k) for u, k in [(cfg.server.base_url, "server.base_url")] if u]
-            + [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
-            if cfg.model.engine == "server" else [])
+    urls = []
+    if cfg.model.engine == "server":  # cluster.servers: none yet (Ray starts them)
+        urls = [(cfg.server.base_url, "server.base_url")] if cfg.server.base_url else []
+        urls += [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
     check_run_inputs(cfg.env.id, [cfg.env.kwargs, cfg.env.eval_kwargs], model=cfg.model.path,
                      urls=urls, servers=cfg.env.servers)

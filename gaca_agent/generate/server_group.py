@@ -18,6 +18,8 @@ from typing import Any
 
 from gaca_agent.generate.http import ServerTimedOut, ServerUnreachable
 
+#: What says a server is gone (after its own retries).
+GONE = (ServerUnreachable, ServerTimedOut)
 #: Episodes remembered for affinity (the oldest are forgotten first).
 MAX_EPISODES = 100_000
 
@@ -52,14 +54,16 @@ class ServerGroup:
     def lose(self, engine, err: BaseException) -> bool:
         """Drop ``engine`` when ``err`` says it cannot be reached (a weight sync or probe
         found it gone) and another server is up; whether it was dropped."""
-        gone = isinstance(err, (ServerUnreachable, ServerTimedOut)) or \
-            isinstance(err.__cause__, (ServerUnreachable, ServerTimedOut))
+        gone = isinstance(err, GONE) or isinstance(err.__cause__, GONE)
         with self._lock:
-            i = self.engines.index(engine)
             if not gone or len(self.engines) - len(self.down) < 2:
                 return False
+        self._drop(self.engines.index(engine), err)
+        return True
+
+    def _drop(self, i: int, err: BaseException) -> None:
+        with self._lock:
             self.down.setdefault(i, f"{type(err).__name__}: {err}")
-            return True
 
     def _pick(self, episode: Any) -> int | None:
         with self._lock:
@@ -103,9 +107,8 @@ class ServerGroup:
         def done(f: Future) -> None:
             self._settle(i)
             err = f.exception()
-            if isinstance(err, (ServerUnreachable, ServerTimedOut)):
-                with self._lock:
-                    self.down.setdefault(i, f"{type(err).__name__}: {err}")
+            if isinstance(err, GONE):
+                self._drop(i, err)
                 self._send(outer, args, episode)  # to the others
             elif err is not None:
                 outer.set_exception(err)

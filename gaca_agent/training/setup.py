@@ -58,9 +58,8 @@ FLEET_KEY = "GACA_FLEET_API_KEY"
 def place_servers(cfg: TrainConfig, model: str, acc):
     """(the inference servers Ray started for the run, or None; ``cfg`` with their URLs
     and key in its server section)."""
-    from dataclasses import replace
-
     import os
+    from dataclasses import replace
 
     if not cfg.cluster.servers or cfg.model.engine != "server":
         return None, cfg

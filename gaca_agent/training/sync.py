@@ -48,7 +48,7 @@ class WeightSync:
         name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
         if self.lora:
             self.learner.save_adapter(path)
-            load = partial(self._each, "load_adapter", name, str(path.resolve()), version)
+            load = partial(self._load_adapter, path, name, version)
         elif self.broadcast:
             named = self.learner.full_weights(self.server.sync_dtype)
             load = partial(self._broadcast, named, name, version)
@@ -73,18 +73,25 @@ class WeightSync:
         return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
                 **sent, **(metrics or {})}
 
-    def _each(self, method: str, *args) -> None:
-        """``method(*args)`` of every server still up (one found gone is dropped when
-        others are left)."""
-        for engine in self.engine.members:
+    def _on_each(self, step) -> list:
+        """``step(server, index)`` on every server still up, their results; a server
+        found gone is dropped (and left out) when others are left."""
+        out = []
+        for i, engine in enumerate(self.engine.members):
             try:
-                getattr(engine, method)(*args)
+                out.append(step(engine, i))
             except Exception as err:
                 if not self.engine.lose(engine, err):
                     raise
+        return out
+
+    def _load_adapter(self, path: Path, name: str, version: int) -> dict[str, float]:
+        self._on_each(lambda e, _: e.load_adapter(name, str(path.resolve()), version))
+        return {}
 
     def _from_disk(self, path: Path, name: str, version: int) -> dict[str, float]:
-        self._each("update_weights_from_disk", str(path.resolve()), name, version)
+        self._on_each(lambda e, _: e.update_weights_from_disk(str(path.resolve()), name,
+                                                              version))
         return {"perf/sync_bytes": float(sum(f.stat().st_size for f in path.glob(
             "*.safetensors")))}
 
@@ -93,14 +100,8 @@ class WeightSync:
         from gaca_agent.generate.transfer import update_by_broadcast
 
         sent: dict[str, float] = {}
-        for i, engine in enumerate(self.engine.members):
-            sender = self.senders.get(engine.base_url) or self._sender(engine, i)
-            try:
-                out = update_by_broadcast(engine, sender, named, name, version)
-            except Exception as err:
-                if not self.engine.lose(engine, err):
-                    raise
-                continue
+        for out in self._on_each(lambda e, i: update_by_broadcast(
+                e, self.senders.get(e.base_url) or self._sender(e, i), named, name, version)):
             for key, value in out.items():
                 sent[key] = sent.get(key, 0.0) + value
         return sent
@@ -151,18 +152,18 @@ class WeightSync:
         rollout context): its metrics; :class:`ProbeMismatch` beyond the tolerance."""
         from gaca_agent.generate.probe import check, probe
 
+        def probed(engine, _):
+            results = [(tag, probe(engine, self.learner.score, t, self.server.probe_tokens))
+                       for tag, t in self.temperatures]
+            for _, result in results:
+                check(result, self.server.probe_tolerance, engine.kind)
+            return results
+
         out: dict[str, float] = {}
-        for engine in self.engine.members:  # each server; the metrics of the farthest
-            for tag, t in self.temperatures:
-                try:
-                    result = probe(engine, self.learner.score, t, self.server.probe_tokens)
-                except Exception as err:
-                    if not self.engine.lose(engine, err):
-                        raise
-                    break
+        for results in self._on_each(probed):  # each server; the metrics of the farthest
+            for tag, result in results:
                 if result.mean_gap >= out.get(f"{tag}/mean_gap", -1.0):
                     out.update(result.metrics(tag))
-                check(result, self.server.probe_tolerance, engine.kind)
         if not out.get("probe/seed_honoured", 1.0) and not self.warned_seed:
             self.warned_seed = True
             print("warning: the inference server ignores the request seed (SGLang: start "
