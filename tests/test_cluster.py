@@ -51,6 +51,8 @@ def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
 
 
 def test_a_server_that_does_not_start_stops_the_run_with_its_own_words():
+    import time
+
     import ray
 
     from gaca_agent.cluster.servers import Fleet
@@ -59,10 +61,12 @@ def test_a_server_that_does_not_start_stops_the_run_with_its_own_words():
              include_dashboard=False, log_to_driver=False)
     try:
         spec = ClusterSection(backend="ray", servers=1, server_cpus=0.5,
-                              server_start_timeout_s=60, server_command=(
+                              server_start_timeout_s=600, server_command=(
                                   "python3 -c \"print('no weights at {model}'); exit(3)\""))
+        t0 = time.monotonic()
         with pytest.raises(Exception, match="did not become healthy.*no weights at /m"):
             Fleet(spec, {"model": "/m", "name": "tiny"})
+        assert time.monotonic() - t0 < 120  # when it exits, not at the start timeout
     finally:
         ray.shutdown()
 
