@@ -71,6 +71,23 @@ def test_a_server_that_does_not_start_stops_the_run_with_its_own_words():
         ray.shutdown()
 
 
+def test_env_actors_the_cluster_has_no_room_for_stop_the_run_with_what_they_asked():
+    """Not a wait of env.timeout_s per call, forever: one error naming the request."""
+    import ray
+
+    from gaca_agent.cluster.ray_pool import RayPool
+
+    ray.init(address="local", num_cpus=1, object_store_memory=80 << 20,
+             include_dashboard=False, log_to_driver=False)
+    try:
+        spec = ClusterSection(backend="ray", env_cpus=0.75, env_memory_mb=16)
+        with pytest.raises(RuntimeError, match=r"1 of 2 env actors asking for 0.75 CPU, 16 MB "
+                                               r"and \{\} each were not placed within 3 s"):
+            RayPool(CORRIDOR, {"split": "test"}, 2, 2, spec, timeout_s=3)
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture
 def cluster():
     """A head without CPUs (nothing runs there) and two nodes with room for two env

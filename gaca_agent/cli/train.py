@@ -4,6 +4,7 @@
     gaca-train --config paper/alfworld_qwen2_5_1_5b_gigpo --dry-run
     gaca-train --resume runs/default
     accelerate launch --multi_gpu --num_processes 2 -m gaca_agent.cli.train --config ...
+    gaca-train --config default cluster.backend=ray cluster.learners=2   # ranks placed by Ray
 
 Writes ``runs/<name>/``: ``config.yaml`` (resolved), ``metrics.jsonl`` (one object per
 iteration), TensorBoard events, ``checkpoints/`` (atomic; ``latest`` names the newest),
@@ -27,7 +28,7 @@ from gaca_agent.analysis.setting import describe
 from gaca_agent.cli import fail
 from gaca_agent.config import load_config
 from gaca_agent.config.checks import InputError, check_config
-from gaca_agent.training.loop import RunExists, TrainingStopped, train
+from gaca_agent.training.loop import RunExists, TrainingStopped, refuse_existing, train
 
 PROG = "gaca-train"
 
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninputs checked: the env builds with both kwargs, the data and model are "
               "found, the servers answer")
         return 0
+    if cfg.cluster.learners and "RANK" not in os.environ:  # not yet one of the ranks
+        return launch(cfg, args)
     try:
         run_dir = train(cfg, args.resume, progress=not args.no_progress)
     except RunExists as err:
@@ -72,6 +75,31 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("GACA_TRACEBACK"):
             raise
         return fail(PROG, err, code=1)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def launch(cfg, args: argparse.Namespace) -> int:
+    """``cluster.learners``: this command run by that many ranks Ray places (each as
+    under ``torchrun``); this process watches them and stops them all when one is lost."""
+    import yaml
+
+    from gaca_agent.cluster.learners import RankLost, run_ranks
+    from gaca_agent.config import to_dict
+
+    run_dir = (args.resume or Path(cfg.out_dir) / cfg.name).resolve()
+    ranks = ["-m", "gaca_agent.cli.train", "--no-progress"]
+    try:
+        if args.resume:
+            run_ranks(cfg.cluster, [*ranks, "--resume", str(run_dir), *args.overrides])
+        else:
+            refuse_existing(run_dir)
+            run_ranks(cfg.cluster, [*ranks, "--config", "{config}"],
+                      config=yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    except RunExists as err:
+        return fail(PROG, err)
+    except RankLost as err:
+        return fail(PROG, TrainingStopped(run_dir, "the run", err), code=1)
     print(f"run directory: {run_dir}")
     return 0
 

@@ -27,17 +27,26 @@ class EnvActor(EnvHost):
         return ray.get_runtime_context().get_node_id()
 
 
-def connect(cluster) -> None:
-    """Join ``cluster.address`` or start a Ray on this machine (once per process)."""
+ADDRESS_VAR = "GACA_RAY_ADDRESS"
+"""The Ray cluster a learner rank Ray placed joins (set by its actor)."""
+
+
+def connect(cluster, log_to_driver: bool = False) -> None:
+    """Join ``cluster.address`` (a learner rank Ray placed: its launcher's cluster) or
+    start a Ray on this machine (once per process); ``log_to_driver``: the output of the
+    actors this process starts shows in its own."""
+    import os
+
     import ray
 
     if ray.is_initialized():
         return
-    if cluster.address:
-        ray.init(address=cluster.address, log_to_driver=False)
+    address = cluster.address or os.environ.get(ADDRESS_VAR, "")
+    if address:
+        ray.init(address=address, log_to_driver=log_to_driver)
     else:
         ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
-                 include_dashboard=False, log_to_driver=False)
+                 include_dashboard=False, log_to_driver=log_to_driver)
 
 
 def actor_options(cpus: float, resources: dict, memory_mb: int = 0) -> dict[str, Any]:
@@ -68,6 +77,16 @@ class RayPool(HostPool):
         self._pending: dict[int, Any] = {}
         for w in range(self.num_workers):
             self._start(w)
+        _, waiting = ray.wait([a.node.remote() for a in self._actors],
+                              num_returns=self.num_workers, timeout=timeout_s)
+        if waiting:
+            self.close()
+            raise RuntimeError(
+                f"{len(waiting)} of {self.num_workers} env actors asking for "
+                f"{cluster.env_cpus:g} CPU, {cluster.env_memory_mb} MB and "
+                f"{dict(cluster.env_resources)} each were not "
+                f"placed within {timeout_s:g} s: the cluster has {ray.available_resources()} "
+                f"free (lower cluster.env_cpus or env.workers, or add nodes)")
 
     def _start(self, w: int) -> None:
         self._actors[w] = self._actor_cls.remote(self.env_id, self.env_kwargs)

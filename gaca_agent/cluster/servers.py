@@ -16,8 +16,9 @@ import time
 import urllib.request
 
 
-def _die_with_parent() -> None:
-    """In the server's process before it runs: killed when its actor's process ends."""
+def die_with_parent() -> None:
+    """In a process an actor starts, before it runs: killed when the actor's process
+    ends (an inference server, a learner rank)."""
     import ctypes
     import signal
 
@@ -40,7 +41,7 @@ class ServerActor:
         # its output goes to a file (a pipe nobody reads would fill and stop the server)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="gaca-server-", suffix=".log")
         self.proc = subprocess.Popen(words, stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:

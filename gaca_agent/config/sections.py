@@ -206,7 +206,7 @@ class WarmupSection:
 
 @dataclass(frozen=True)
 class ClusterSection:
-    """Where the env workers run (docs/cluster.md)."""
+    """Where the env workers, inference servers and learner ranks run (docs/cluster.md)."""
 
     backend: Literal["local", "ray"] = "local"
     """``local``: worker processes of this machine (``env.workers``); ``ray``: Ray actors
@@ -243,6 +243,19 @@ class ClusterSection:
     server_cpus: float = 1.0
     server_start_timeout_s: float = 900.0
     """How long a server may take to answer ``/health`` (loading the model)."""
+    learners: int = 0
+    """``ray``: learner ranks Ray places and starts, each running this ``gaca-train`` as
+    ``torchrun`` would (docs/cluster.md, "Learner ranks"); 0: this process is the learner
+    (or ``accelerate launch``'s ranks are)."""
+    learner_cpus: float = 1.0
+    learner_gpus: int = 0
+    """GPUs each learner rank takes (1 on GPU nodes)."""
+    learner_resources: dict = field(default_factory=dict)
+    """Custom resources each learner rank needs."""
+    learner_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """How the ranks' bundles are placed (Ray's placement-group strategies)."""
+    learner_start_timeout_s: float = 300.0
+    """How long the cluster may take to find room for every rank."""
 
     def __post_init__(self) -> None:
         if self.env_actors < 0 or self.env_cpus <= 0 or self.env_memory_mb < 0 \
@@ -252,8 +265,13 @@ class ClusterSection:
         if self.servers < 0 or self.server_cpus < 0 or self.server_start_timeout_s <= 0:
             raise ValueError("need cluster.servers >= 0, cluster.server_cpus >= 0 and "
                              "cluster.server_start_timeout_s > 0")
-        if self.servers and self.backend != "ray":
-            raise ValueError("cluster.servers are started by Ray: set cluster.backend: ray")
+        if self.learners < 0 or self.learner_cpus < 0 or self.learner_gpus < 0 \
+                or self.learner_start_timeout_s <= 0:
+            raise ValueError("need cluster.learners >= 0, cluster.learner_cpus >= 0, "
+                             "cluster.learner_gpus >= 0 and cluster.learner_start_timeout_s > 0")
+        for part in ("servers", "learners"):
+            if getattr(self, part) and self.backend != "ray":
+                raise ValueError(f"cluster.{part} are started by Ray: set cluster.backend: ray")
 
 
 @dataclass(frozen=True)

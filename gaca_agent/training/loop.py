@@ -33,6 +33,12 @@ class RunExists(ValueError):
     """The run directory already holds a run (resume it, or choose another name)."""
 
 
+def refuse_existing(run_dir: Path) -> None:
+    """Raise :class:`RunExists` when ``run_dir`` holds a run."""
+    if (run_dir / "metrics.jsonl").exists():
+        raise RunExists(f"{run_dir} already holds a run: --resume it or choose another name")
+
+
 class TrainingStopped(RuntimeError):
     """A run stopped by a fault (an env or inference server gone, a checkpoint that could
     not be written): says which, and what ``--resume`` continues from."""
@@ -132,8 +138,8 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     acc = make_accelerator()
     run_dir = resume or Path(cfg.out_dir) / cfg.name
     ckpt = latest_checkpoint(run_dir) if resume else None
-    if resume is None and (run_dir / "metrics.jsonl").exists():
-        raise RunExists(f"{run_dir} already holds a run: --resume it or choose another name")
+    if resume is None:
+        refuse_existing(run_dir)
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))

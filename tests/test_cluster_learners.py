@@ -1,0 +1,222 @@
+"""cluster.learners: learner ranks placed by Ray run the accelerate/FSDP2 code as under
+torchrun (the same update, the same run), in rank order by node and device; a lost rank
+stops the run in one line and ``--resume`` finishes it exactly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import has_module
+from gaca_agent.cluster.learners import Place, rank_envs, rank_order
+from gaca_agent.config import ClusterSection
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_ray = pytest.mark.skipif(not has_module("ray"), reason="needs Ray (pip install -e '.[ray]')")
+SMALL = ["iterations=2", "eval_every=1", "checkpoint_every=1", "env.groups=3",
+         "env.group_size=2", "env.max_live_envs=4", "warmup.bc_steps=40",
+         "warmup.bc_episodes=4", "model.max_new_tokens=12", "learner.kl_coef=0.01",
+         "learner.micro_batch_size=8", "env.invalid_penalty=-0.1", "env.eval_episodes=5"]
+
+
+def env_vars():
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1"}
+
+
+def train_command(*args):
+    return [sys.executable, "-m", "gaca_agent.cli.train", "--no-progress", "--config",
+            str(ROOT / "gaca_agent" / "configs" / "default.yaml"), *args]
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["iteration"]: {k: v for k, v in r.items() if not k.startswith("perf/")}
+            for r in rows}
+
+
+def test_ranks_follow_nodes_then_devices():
+    """Bundles come back in any order; ranks go by node address, node id, GPU id. Each
+    node's ranks see that node's GPUs in local-rank order (device LOCAL_RANK is theirs)."""
+    places = [Place("n2", "10.0.0.2", (3,)), Place("n1", "10.0.0.1", (1,)),
+              Place("n2", "10.0.0.2", (0,)), Place("n1", "10.0.0.1", (0,))]
+    assert rank_order(places) == [3, 1, 2, 0]
+    envs = rank_envs(places, 29500)
+    assert [envs[i]["RANK"] for i in (3, 1, 2, 0)] == ["0", "1", "2", "3"]
+    assert [envs[i]["LOCAL_RANK"] for i in (3, 1, 2, 0)] == ["0", "1", "0", "1"]
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"}
+    assert {e["MASTER_PORT"] for e in envs} == {"29500"}
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in envs} \
+        == {"2"}
+    assert envs[3]["CUDA_VISIBLE_DEVICES"] == envs[1]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert envs[2]["CUDA_VISIBLE_DEVICES"] == "0,3"
+    # no GPUs: no CUDA_VISIBLE_DEVICES; one node's ranks in bundle order
+    cpu = rank_envs([Place("a", "10.0.0.1"), Place("a", "10.0.0.1"), Place("b", "10.0.0.0")], 1)
+    assert [e["RANK"] for e in cpu] == ["1", "2", "0"]
+    assert [e["LOCAL_RANK"] for e in cpu] == ["0", "1", "0"]
+    assert [e["LOCAL_WORLD_SIZE"] for e in cpu] == ["2", "2", "1"]
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in cpu)
+
+
+def test_learner_ranks_need_ray_and_sane_resources():
+    with pytest.raises(ValueError, match="cluster.learners are started by Ray"):
+        ClusterSection(learners=2)
+    with pytest.raises(ValueError, match="cluster.learners >= 0"):
+        ClusterSection(backend="ray", learners=-1)
+    with pytest.raises(ValueError, match="learner_gpus >= 0"):
+        ClusterSection(backend="ray", learners=1, learner_gpus=-1)
+    assert ClusterSection(backend="ray", learners=2).learner_strategy == "PACK"
+
+
+def test_a_rank_joins_its_launchers_cluster(monkeypatch):
+    """A rank Ray placed joins the launcher's Ray (the variable the rank's actor sets),
+    not a new one on its node; a run's own cluster.address comes first."""
+    import types
+
+    from gaca_agent.cluster import ray_pool
+    from gaca_agent.cluster.ray_pool import ADDRESS_VAR
+
+    joined = []
+    fake = types.SimpleNamespace(is_initialized=lambda: False,
+                                 init=lambda **kw: joined.append(kw["address"]))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv(ADDRESS_VAR, "10.0.0.1:6379")
+    ray_pool.connect(ClusterSection(backend="ray"))
+    ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"))
+    monkeypatch.delenv(ADDRESS_VAR)
+    ray_pool.connect(ClusterSection(backend="ray"))
+    assert joined == ["10.0.0.1:6379", "ray://head:10001", "local"]
+
+
+def test_a_launch_refuses_an_existing_run_before_placing_anything(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "metrics.jsonl").write_text("")
+    run = subprocess.run(train_command(f"out_dir={tmp_path}", "name=taken",
+                                       "cluster.backend=ray", "cluster.learners=2"),
+                         cwd=tmp_path, env=env_vars(), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"gaca-train: error: {tmp_path / 'taken'} already holds a run: --resume it or "
+        f"choose another name")
+    assert "Ray" not in run.stderr
+
+
+@needs_ray
+@pytest.mark.slow
+def test_two_ranks_placed_by_ray_make_torchruns_fsdp2_update(tmp_path, tiny_model_path):
+    """tests/dist_probe.py (FSDP2 in bf16, unequal shares, generation inside the
+    rollout context) as two ranks Ray placed, and under torchrun: the same parameters
+    and metrics, bit for bit."""
+    import ray
+
+    from gaca_agent.cluster.learners import run_ranks
+
+    probe = [str(ROOT / "tests" / "dist_probe.py"), tiny_model_path]
+    options = json.dumps({"fsdp": True, "bf16": True})
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                               "--nproc_per_node", "2", *probe, str(tmp_path / "t"), options],
+                              cwd=tmp_path, env=env_vars(), capture_output=True, text=True,
+                              timeout=300)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    placed = []
+    try:
+        run_ranks(ClusterSection(backend="ray", learners=2, learner_cpus=0.5),
+                  [*probe, str(tmp_path / "r"), options], cwd=str(tmp_path),
+                  on_placed=placed.append)
+    finally:
+        ray.shutdown()
+    assert [p.split(":")[0] for p in placed] == ["learner rank 0", "learner rank 1"]
+    for rank in (0, 1):
+        by_ray = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
+        by_torchrun = json.loads((tmp_path / f"t.rank{rank}.json").read_text())
+        assert by_ray == by_torchrun and by_ray["sharded"] is True
+
+
+@needs_ray
+@pytest.mark.slow
+def test_gaca_train_with_two_ray_ranks_logs_torchruns_metrics(tmp_path):
+    """One machine, a Ray the run starts: two learner ranks, their env workers Ray actors
+    in the same Ray; every metric row equals two torchrun ranks' with local workers."""
+    ray_run = subprocess.run(train_command(
+        f"out_dir={tmp_path}", "name=ray", *SMALL, "cluster.backend=ray", "cluster.learners=2",
+        "cluster.learner_cpus=0.5", "cluster.env_cpus=0.25"),
+        cwd=tmp_path, env=env_vars(), capture_output=True, text=True, timeout=600)
+    assert ray_run.returncode == 0, ray_run.stderr[-3000:]
+    assert f"run directory: {tmp_path / 'ray'}" in ray_run.stdout.splitlines()  # the launcher's
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                               "--nproc_per_node", "2", *train_command(
+                                   f"out_dir={tmp_path}", "name=torchrun", *SMALL)[1:]],
+                              cwd=tmp_path, env=env_vars(), capture_output=True, text=True,
+                              timeout=600)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    assert sorted(metrics(tmp_path / "ray")) == [-1, 0, 1]
+    assert metrics(tmp_path / "ray") == metrics(tmp_path / "torchrun")
+    digests = json.loads((tmp_path / "ray" / "final" / "rank_digests.json").read_text())
+    assert len(digests["digests"]) == 2 and digests["in_sync"]
+
+
+@needs_ray
+@pytest.mark.slow
+def test_a_lost_learner_rank_stops_the_run_in_one_line_and_resume_is_exact(tmp_path):
+    """Three nodes with room for one rank each (and its env actors): a run's rank 1 node
+    is removed after its first checkpoint; the launcher stops every rank and says so in one line naming the
+    checkpoint; --resume (on the nodes left) ends with the uninterrupted run's metrics."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 80 << 20, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=2, resources={"trainer": 1},
+                              object_store_memory=80 << 20) for _ in range(3)]
+    run = [*SMALL, "iterations=6", "eval_every=0", "cluster.backend=ray",
+           f"cluster.address={cluster.address}", "cluster.learners=2",
+           "cluster.learner_resources={trainer: 1}", "cluster.env_cpus=0.25"]
+    try:
+        whole = subprocess.run(train_command(f"out_dir={tmp_path}", "name=whole", *run),
+                               cwd=tmp_path, env=env_vars(), capture_output=True, text=True,
+                               timeout=600)
+        assert whole.returncode == 0, whole.stderr[-3000:]
+        proc = subprocess.Popen(train_command(f"out_dir={tmp_path}", "name=cut", *run),
+                                cwd=tmp_path, env=env_vars(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        latest = tmp_path / "cut" / "checkpoints" / "latest"
+        deadline = time.monotonic() + 300
+        while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        placed = [x for x in lines if x.startswith("learner rank 1: node")]
+        assert placed, lines
+        node = next(n for n in nodes if n.node_id in placed[0])
+        cluster.remove_node(node)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1, err[-3000:]
+        stops = [x for x in err.splitlines() if x.startswith("gaca-train: error:")]
+        assert len(stops) == 1, err[-3000:]
+        line = stops[0]
+        kept = latest.read_text().strip()
+        assert line.startswith("gaca-train: error: the run stopped: RankLost: learner rank 1 "
+                               "on "), line
+        assert f"the latest checkpoint, {kept}, is intact: gaca-train --resume " \
+               f"{tmp_path / 'cut'} continues from it" in line, line
+        assert sorted(metrics(tmp_path / "cut")) != sorted(metrics(tmp_path / "whole"))
+        resumed = subprocess.run([*train_command()[:4], "--resume", str(tmp_path / "cut")],
+                                 cwd=tmp_path, env=env_vars(), capture_output=True,
+                                 text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        cut, whole_rows = metrics(tmp_path / "cut"), metrics(tmp_path / "whole")
+        assert sorted(cut) == sorted(whole_rows) == [-1, 0, 1, 2, 3, 4, 5]
+        for it in whole_rows:
+            for key, value in whole_rows[it].items():
+                assert cut[it][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (it, key)
+    finally:
+        cluster.shutdown()
