@@ -71,6 +71,18 @@ def test_a_server_that_does_not_start_stops_the_run_with_its_own_words():
         ray.shutdown()
 
 
+def test_an_actors_request_is_what_the_section_asks():
+    """CPUs, memory in bytes, custom resources as numbers, spread, never restarted by Ray
+    (the pool or fleet replaces a lost actor itself)."""
+    from gaca_agent.cluster.ray_pool import actor_options
+
+    assert actor_options(0.5, {"webshop_index": 1}, 1500) == {
+        "num_cpus": 0.5, "scheduling_strategy": "SPREAD", "max_restarts": 0,
+        "memory": 1500 << 20, "resources": {"webshop_index": 1.0}}
+    assert actor_options(2, {}) == {"num_cpus": 2, "scheduling_strategy": "SPREAD",
+                                    "max_restarts": 0}
+
+
 def test_env_actors_the_cluster_has_no_room_for_stop_the_run_with_what_they_asked():
     """Not a wait of env.timeout_s per call, forever: one error naming the request."""
     import ray
