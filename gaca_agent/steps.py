@@ -60,6 +60,14 @@ def code(text: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def action_code(text: str) -> int:
+    """The code of an action's canonical form (the envs' own normalisation: lower case,
+    whitespace collapsed), which the estimators group actions by."""
+    from gaca_envs.core import normalize_action
+
+    return code(normalize_action(text))
+
+
 @dataclass(frozen=True)
 class Ragged:
     """Variable-length rows: row i is ``values[offsets[i]:offsets[i + 1]]``."""

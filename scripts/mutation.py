@@ -64,7 +64,8 @@ AREAS: dict[str, tuple[list[str], list[str]]] = {
                  "tests/test_fuzz_http.py", "tests/test_server_engine.py"]),
     "remote": (["gaca_envs/remote/*.py"],
                ["tests/test_env_service.py", "tests/test_env_server.py"]),
-    "cluster": (["gaca_agent/cluster/*.py"], ["tests/test_cluster.py"]),
+    "cluster": (["gaca_agent/cluster/*.py"], ["tests/test_cluster.py",
+                                              "tests/test_cluster_learners.py"]),
     "envs": (["gaca_envs/alfworld/canonical.py", "gaca_envs/webshop/reward.py"],
              ["tests/test_alfworld.py", "tests/test_webshop.py"]),
 }

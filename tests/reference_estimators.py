@@ -220,5 +220,87 @@ def empg(rows, k=1.0, k_prime=1.0, zeta=0.1, norm="std", episode_stats="trajecto
     return [x - m for x in out]
 
 
-REFERENCE = {"grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gigpo": gigpo,
+def anchor_actions(rows, G, i):
+    """The returns of row i's anchor group, and of its rows that took each action."""
+    r = rows[i]
+    idx = [j for j, x in enumerate(rows) if x["group"] == r["group"] and x["state"] == r["state"]]
+    by_action = defaultdict(list)
+    for j in idx:
+        by_action[rows[j]["action"]].append(G[j])
+    return [G[j] for j in idx], by_action
+
+
+def ecpo(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories", kappa=2.0,
+         gate=True):
+    a_e = grpo(rows, norm, episode_stats)
+    G = returns_to_go(rows, gamma)
+    out = []
+    for i, r in enumerate(rows):
+        members, by_action = anchor_actions(rows, G, i)
+        mine = by_action[r["action"]]
+        step = 0.0
+        if len(members) >= 2:
+            scale = sample_std(members) + EPS if norm == "std" else 1.0
+            step = len(mine) / (len(mine) + kappa) * (mean(mine) - mean(members)) / scale
+        between = sum(len(v) * (mean(v) - mean(members)) ** 2 for v in by_action.values())
+        within = sum((g - mean(v)) ** 2 for v in by_action.values() for g in v)
+        g_s = (between / (between + within) if between + within > 0 else 0.0) if gate else 1.0
+        out.append(a_e[i] + omega * g_s * step)
+    return out
+
+
+def shrink(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories"):
+    a_e = grpo(rows, norm, episode_stats)
+    G = returns_to_go(rows, gamma)
+    anchors = {}
+    for i, r in enumerate(rows):
+        anchors[(r["group"], r["state"])] = anchor_actions(rows, G, i)
+    noise = {}
+    for key, (members, by_action) in anchors.items():
+        dof = len(members) - len(by_action)
+        within = sum((g - mean(v)) ** 2 for v in by_action.values() for g in v)
+        noise[key] = (within, dof)
+    pooled_dof = sum(d for _, d in noise.values())
+    pooled = sum(w for w, _ in noise.values()) / pooled_dof if pooled_dof else None
+    out = []
+    for i, r in enumerate(rows):
+        members, by_action = anchors[(r["group"], r["state"])]
+        mine = by_action[r["action"]]
+        lam = 0.0
+        within, dof = noise[(r["group"], r["state"])]
+        k, n = len(by_action), len(members)
+        if pooled is not None and k >= 2:
+            sigma2 = within / dof if dof > 0 else pooled
+            ms_b = sum(len(v) * (mean(v) - mean(members)) ** 2
+                       for v in by_action.values()) / (k - 1)
+            n0 = (n - sum(len(v) ** 2 for v in by_action.values()) / n) / (k - 1)
+            tau2 = max(0.0, (ms_b - sigma2) / n0)
+            lam = tau2 / (tau2 + sigma2 / len(mine)) if tau2 > 0 else 0.0
+        step = 0.0
+        if n >= 2:
+            scale = sample_std(members) + EPS if norm == "std" else 1.0
+            step = (mean(mine) - mean(members)) / scale
+        out.append(a_e[i] + omega * lam * step)
+    return out
+
+
+def spread(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories", w_max=4.0):
+    a_e = grpo(rows, norm, episode_stats)
+    a_s, _, G = step_adv(rows, gamma, norm)
+    d = {}
+    for i, r in enumerate(rows):
+        members, by_action = anchor_actions(rows, G, i)
+        between = sum(len(v) * (mean(v) - mean(members)) ** 2 for v in by_action.values())
+        d[(r["group"], r["state"])] = (math.sqrt(between / len(members)), len(by_action))
+    several = [v for v, k in d.values() if k >= 2]
+    typical = mean(several) if several else 0.0
+    out = []
+    for i, r in enumerate(rows):
+        d_s, _ = d[(r["group"], r["state"])]
+        w = omega * min(max(d_s / typical, 0.0), w_max) if typical > 0 else 0.0
+        out.append(a_e[i] + w * a_s[i])
+    return out
+
+
+REFERENCE = {"ecpo": ecpo, "shrink": shrink, "spread": spread, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gigpo": gigpo,
              "gaca": gaca, "adastep": adastep, "pgpo": pgpo, "graft": graft, "empg": empg}

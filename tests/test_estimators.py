@@ -56,6 +56,10 @@ CASES = [
     ("pgpo", {}), ("pgpo", {"alpha": 1.0, "beta": 0.5, "norm": "mean"}),
     ("graft", {}), ("graft", {"lam": 0.0, "gamma": 0.9}),
     ("empg", {}), ("empg", {"k": 2.0, "zeta": 0.3}),
+    ("ecpo", {}), ("ecpo", {"kappa": 0.5, "gate": False, "norm": "mean"}),
+    ("ecpo", {"kappa": 0.0, "omega": 0.5}),
+    ("shrink", {}), ("shrink", {"norm": "mean", "omega": 2.0}),
+    ("spread", {}), ("spread", {"w_max": 1.5, "norm": "mean"}),
 ]
 
 
@@ -93,7 +97,7 @@ def test_registry_errors():
         b = to_batch(rows)
         compute("gaca", StepBatch(b.group, b.traj, b.t, b.reward, b.state))
     assert names() == sorted(["grpo", "rloo", "reinforce_pp", "gigpo", "gaca", "adastep",
-                              "pgpo", "graft", "empg"])
+                              "pgpo", "graft", "empg", "ecpo", "shrink", "spread"])
 
 
 def test_lambda_alias_and_bad_t():
@@ -251,3 +255,45 @@ def test_details_give_per_row_weights_and_step_advantages():
     assert np.all(gig["weight"] == 0.7)
     _, _, grpo = compute("grpo", batch, details=True)
     assert not grpo["weight"].any() and not grpo["step_adv"].any()
+
+
+def one_anchor(actions, returns):
+    """One task group whose trajectories all start in state 0 (then part ways), the
+    given first actions and returns (one reward at the last step)."""
+    n = len(actions)
+    return StepBatch(group=np.zeros(2 * n, int), traj=np.repeat(np.arange(n), 2),
+                     t=np.tile([0, 1], n), reward=np.ravel([[0.0, r] for r in returns]),
+                     state=np.ravel([[0, 1 + i] for i in range(n)]),
+                     action=np.ravel([[a, 9] for a in actions]))
+
+
+def test_calibrated_credit_shrinks_a_rare_lucky_action_and_keeps_a_decisive_one():
+    """Divergent anchor bias: action 1, taken once, scored 1 by luck while action 0 scored
+    0/1 alike. GiGPO gives its row a large step advantage; ECPO (a count of 1 against the
+    pseudo-count, a gate by the between-action share) and the James-Stein mixture (noise as
+    large as the spread) give it little. Where the action decides (0 always 0, 1 always 1)
+    both keep GiGPO's sign and most of its size, and the spread proxy weighs it above the
+    noisy anchor."""
+    lucky = one_anchor([0, 0, 0, 0, 0, 0, 0, 1], [0, 1, 0, 1, 0, 1, 0, 1])
+    decisive = one_anchor([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1])
+    first = np.arange(0, 16, 2)  # the rows at the shared state
+
+    def step(name, batch):
+        _, _, rows = compute(name, batch, details=True, gamma=1.0, norm="mean")
+        return (rows["weight"] * rows["step_adv"])[first]
+
+    gigpo_lucky = step("gigpo", lucky)[-1]
+    assert gigpo_lucky > 0.4
+    assert 0 <= step("ecpo", lucky)[-1] < 0.2 * gigpo_lucky
+    assert step("shrink", lucky)[-1] == pytest.approx(0.0, abs=1e-9)
+    gigpo_decisive = step("gigpo", decisive)
+    for name in ("ecpo", "shrink"):
+        calibrated = step(name, decisive)
+        assert np.all(np.sign(calibrated) == np.sign(gigpo_decisive)), name
+        assert np.all(np.abs(calibrated) >= 0.6 * np.abs(gigpo_decisive)), name
+    both = StepBatch(*[np.concatenate([getattr(lucky, f), getattr(decisive, f) + (
+        1 if f == "group" else 8 if f == "traj" else 0)]) for f in
+        ("group", "traj", "t", "reward", "state")], action=np.concatenate(
+        [lucky.action, decisive.action]))
+    weights = compute("spread", both, details=True, gamma=1.0, norm="mean")[2]["weight"]
+    assert weights[16] > 1.0 > weights[0]  # the decisive anchor above the lucky one

@@ -214,3 +214,12 @@ def test_codes_are_equal_in_every_process_and_fit_int64():
     assert len(set(codes)) == len(texts)
     assert all(0 <= c < 2**63 for c in codes)
     assert np.asarray(codes, dtype=np.int64).tolist() == codes
+
+
+def test_actions_are_grouped_by_their_canonical_form():
+    """What ECPO, AdaStep and the others group rows by: the envs' normalisation of the
+    action (case and spacing do not make another action)."""
+    from gaca_agent.steps import action_code
+
+    assert action_code("Go  to Desk 1 ") == action_code("go to desk 1")
+    assert action_code("go to desk 1") != action_code("go to desk 2")

@@ -7,7 +7,8 @@ Definitions: docs/algorithms.md. Every estimator maps a :class:`StepBatch` (rows
 to one advantage per row plus the diagnostics of :func:`common.diagnostics`.
 """
 
-from gaca_agent.advantages import adastep, empg, episode, gaca, gigpo, graft, pgpo  # noqa: F401
+from gaca_agent.advantages import (adastep, ecpo, empg, episode, gaca, gigpo, graft,  # noqa: F401
+                                   pgpo, shrink, spread)
 from gaca_agent.advantages.batch import Prepared, StepBatch, prepare
 from gaca_agent.advantages.registry import compute, get, make_config, names, register
 

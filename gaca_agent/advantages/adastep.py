@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gaca_agent.advantages.actions import action_stats
 from gaca_agent.advantages.batch import Prepared
 from gaca_agent.advantages.common import diagnostics
 from gaca_agent.advantages.gigpo import StepConfig, two_level
 from gaca_agent.advantages.registry import register
-from gaca_agent.advantages.stats import factorize, pair_ids, segment_count, segment_std
 
 
 @dataclass(frozen=True)
@@ -25,21 +25,14 @@ class AdaStepConfig(StepConfig):
 def shrinkage(G: np.ndarray, anchor: np.ndarray, action: np.ndarray) -> np.ndarray:
     """w_hat per row. 1 unless the anchor group has >= 2 distinct actions, each sampled
     >= 2 times, and Var(G|s) > 0."""
-    k = int(anchor.max()) + 1
-    sa = pair_ids(anchor, factorize(action))
-    sa_count = segment_count(sa)
-    sa_anchor = np.zeros(len(sa_count), dtype=np.int64)
-    sa_anchor[sa] = anchor
-    n_actions = np.bincount(sa_anchor, minlength=k)
-    min_count = np.full(k, np.inf)
-    np.minimum.at(min_count, sa_anchor, sa_count)
-    var_total = segment_std(G, anchor, ddof=0, k=k) ** 2
-    sa_mean = np.bincount(sa, weights=G) / sa_count
-    within = np.bincount(anchor, weights=(G - sa_mean[sa]) ** 2, minlength=k) / segment_count(anchor, k)
-    ok = (n_actions >= 2) & (min_count >= 2) & (var_total > 0)
-    w = np.ones(k)
-    w[ok] = np.clip(1.0 - within[ok] / var_total[ok], 0.0, 1.0)
-    return w[anchor]
+    s = action_stats(G, anchor, action, "mean")
+    min_count = np.full(int(anchor.max()) + 1, np.inf)
+    np.minimum.at(min_count, anchor, s.n_action)
+    total = s.between + s.within  # the anchor's total sum of squares
+    ok = (s.k_actions >= 2) & (min_count[anchor] >= 2) & (total > 0)
+    w = np.ones(len(G))
+    w[ok] = np.clip(1.0 - s.within[ok] / total[ok], 0.0, 1.0)
+    return w
 
 
 @register("adastep", AdaStepConfig)

@@ -32,7 +32,7 @@ import numpy as np
 from gaca_agent.runs.plots import figure
 
 from gaca_agent.analysis.audit import read_records
-from gaca_agent.steps import code
+from gaca_agent.steps import action_code, code
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gigpo": {"gamma": 0.95, "omega": 1.0}, "gaca": {"gamma": 0.95, "omega": 1.0},
@@ -121,7 +121,7 @@ def batch_of(rows: list[dict[str, Any]], anchor: str):
         traj=np.asarray([trajs[r["traj"]] for r in rows]),
         t=np.asarray([r["t"] for r in rows]), reward=np.asarray([r["reward"] for r in rows]),
         state=state, next_state=codes("next_state_key"),
-        action=np.asarray([code(r["action"].lower()) for r in rows]), nll=nll,
+        action=np.asarray([action_code(r["action"]) for r in rows]), nll=nll,
         terminal=np.asarray([bool(r["terminated"]) for r in rows]), entropy=entropy,
         penalty=np.asarray([float(r.get("penalty", 0.0)) for r in rows]),
         observation=[r["observation"] for r in rows])

@@ -30,7 +30,7 @@ import numpy as np
 from gaca_agent.config.sections import EnvSection
 from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
 from gaca_agent.generate.sampling import row_key
-from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, code
+from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, action_code, code
 from gaca_agent.collect.pools import EnvSlots, make_pool
 from gaca_agent.collect.workers import WorkerFailure
 from gaca_agent.types import ActionOutput, Turn
@@ -203,7 +203,7 @@ class Collector:
         steps.append(
             group=ep.group, traj=ep.traj, t=len(steps), observation=st["obs"],
             admissible_actions=tuple(before.get("admissible_actions", ())),
-            response=out.text, action_text=out.action, action=code(out.action.lower()),
+            response=out.text, action_text=out.action, action=action_code(out.action),
             format_valid=out.format_valid, action_valid=valid, reward=shaped,
             penalty=penalty if c.penalty_mode == "row" else 0.0,
             env_reward=float(reward), state_key=state_key, state=code(state_key),
