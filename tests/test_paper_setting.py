@@ -275,3 +275,20 @@ def test_webshop_paper_config_names_the_missing_files(tmp_path):
                  catalog=str(tmp_path / "items_shuffle_1000.json"))
     env = gym.make("gaca/WebShop-v0", split="train_dev")
     assert env.unwrapped.num_tasks == len(env.unwrapped.world.goals) - 500
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "gaca_agent/configs/paper")
+                                        .glob("*_ecpo.yaml")))
+def test_ecpo_paper_configs_are_gigpos_setting_with_ecpo(path):
+    """ECPO's paper configs (its paper trains in GiGPO's setting): GiGPO's file with the
+    estimator swapped for ECPO at its defaults, nothing else."""
+    from gaca_agent.config import load_config, to_dict
+
+    ours = to_dict(load_config(ROOT / "gaca_agent/configs/paper" / path))
+    base = to_dict(load_config(ROOT / "gaca_agent/configs/paper" /
+                               path.replace("_ecpo", "_gigpo")))
+    assert {k for k in ours if ours[k] != base[k]} == {"name", "algo"}
+    assert ours["algo"]["estimator"] == "ecpo"
+    assert ours["algo"]["params"] == {**base["algo"]["params"], "kappa": 2.0, "gate": True}
+    assert {k for k in ours["algo"] if ours["algo"][k] != base["algo"][k]} == {
+        "estimator", "params"}
