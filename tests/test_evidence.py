@@ -68,10 +68,13 @@ def test_audit_and_rescore_on_a_grouped_evaluation(tmp_path):
     assert audit_main([str(out)]) == 0
     table = json.loads((out / "audit.json").read_text())["results"]
     assert table["gaca/Diag-Slippery-v0"]["all"]["state"]["rows"] == sum(r["steps"] for r in records)
-    assert rescore_main([str(out), "--estimators", "grpo,gigpo,gaca,pgpo"]) == 0
+    assert rescore_main([str(out), "--estimators", "grpo,gigpo,gaca,pgpo,ecpo"]) == 0
     result = json.loads((out / "rescore" / "rescore.json").read_text())
     assert result["rows"] == sum(r["steps"] for r in records) and result["groups"] == 3
-    assert set(result["estimators"]) == {"grpo", "gigpo", "gaca", "pgpo"}
+    assert set(result["estimators"]) == {"grpo", "gigpo", "gaca", "pgpo", "ecpo"}
+    assert set(result["sign_changes"]) == {"grpo", "gaca", "pgpo", "ecpo"}
+    assert result["sign_changes"]["gaca"]["flipped"] == 0  # scripted: GACA is GiGPO
+    assert "Signs against GiGPO's" in (out / "rescore" / "rescore.md").read_text()
     assert result["exact_rows"] > 0
     for entry in result["estimators"].values():
         assert -1 <= entry["exact_corr"] <= 1 and entry["exact_mse"] >= 0
@@ -177,3 +180,19 @@ def test_the_per_seed_table_shows_each_labels_curve_after_the_shared_warm_up(tmp
     assert "| seed | warm-up | gigpo | gaca |" in text
     assert "| 3 | 0.25 | 0.50 0.75 | 0.50 1.00 |" in text
     assert "| 7 | 0.12 | 0.00 0.50 | - |" in text
+
+
+def test_sign_changes_count_flips_and_name_the_anchors_where_they_happen():
+    import numpy as np
+
+    from gaca_agent.analysis.rescore import sign_changes
+
+    rows = [{"state_key": k, "action": a} for k, a in
+            [("door", "open left"), ("door", "open right"), ("door", "open left"),
+             ("hall", "walk"), ("hall", "rest"), ("hall", "walk")]]
+    reference = np.array([1.0, -1.0, 1.0, 0.5, -0.5, 0.2])
+    ours = np.array([-0.2, -1.0, -0.1, 0.0, 0.5, 0.2])
+    out = sign_changes(ours, reference, rows, "state")
+    assert out["flipped"] == pytest.approx(3 / 6) and out["zeroed"] == pytest.approx(1 / 6)
+    assert [(a["anchor"], a["flipped"], a["rows"], a["actions"]) for a in out["anchors"]] == [
+        ("door", 2, 3, ["open left"]), ("hall", 1, 3, ["rest"])]

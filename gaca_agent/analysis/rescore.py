@@ -178,6 +178,27 @@ def exact_advantages(rows: list[dict[str, Any]], source: dict[str, Any], gamma: 
     return mask, truth
 
 
+def sign_changes(a: np.ndarray, reference: np.ndarray, rows: list[dict[str, Any]],
+                 anchor: str, top: int = 5) -> dict[str, Any]:
+    """How often ``a`` gives a row the sign opposite to ``reference``'s (GiGPO's), how
+    often it gives 0 where the reference does not, and the anchors (state key or
+    observation, with the actions) where the flips are most frequent."""
+    flipped = a * reference < 0
+    where: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    key = "observation" if anchor == "observation" else "state_key"
+    for i, r in enumerate(rows):
+        where[str(r[key])][1] += 1
+        where[str(r[key])][0] += int(flipped[i])
+    worst = sorted(((f, n, k) for k, (f, n) in where.items() if f), reverse=True)[:top]
+    actions = defaultdict(set)
+    for i in np.flatnonzero(flipped):
+        actions[str(rows[i][key])].add(rows[i]["action"])
+    return {"flipped": float(flipped.mean()) if len(a) else 0.0,
+            "zeroed": float(np.mean((a == 0) & (reference != 0))) if len(a) else 0.0,
+            "anchors": [{"anchor": k, "flipped": f, "rows": n,
+                         "actions": sorted(actions[k])} for f, n, k in worst]}
+
+
 def rescore(rows, source, estimators: list[str], params: dict[str, dict], anchor: str
             ) -> dict[str, Any]:
     from gaca_agent.advantages import compute, get
@@ -202,6 +223,9 @@ def rescore(rows, source, estimators: list[str], params: dict[str, dict], anchor
         result["estimators"][name] = entry
     result["spearman"] = {f"{a}|{b}": spearman(adv[a], adv[b])
                           for i, a in enumerate(estimators) for b in estimators[i + 1:]}
+    if "gigpo" in adv:
+        result["sign_changes"] = {name: sign_changes(adv[name], adv["gigpo"], rows, anchor)
+                                  for name in estimators if name != "gigpo"}
     exact = exact_advantages(rows, source, DEFAULTS["gigpo"]["gamma"])
     if exact is not None:
         mask, truth = exact
@@ -245,7 +269,16 @@ def markdown(result: dict[str, Any]) -> str:
                 key = f"{a}|{b}" if f"{a}|{b}" in result["spearman"] else f"{b}|{a}"
                 cells.append(f"{result['spearman'][key]:+.2f}")
         corr.append(f"| {a} | " + " | ".join(cells) + " |")
-    return "\n".join(head + corr)
+    flips = []
+    if result.get("sign_changes"):
+        flips = ["", "Signs against GiGPO's (share of rows flipped / set to 0; the anchors "
+                 "with the most flips):", ""]
+        for n, c in result["sign_changes"].items():
+            where = "; ".join(f"{a['anchor'][:60]!r} {a['flipped']}/{a['rows']}"
+                              for a in c["anchors"][:3])
+            flips.append(f"- {n}: {c['flipped']:.3f} / {c['zeroed']:.3f}"
+                         + (f" ({where})" if where else ""))
+    return "\n".join(head + corr + flips)
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
