@@ -58,12 +58,23 @@ def test_ranks_follow_nodes_then_devices():
         == {"2"}
     assert envs[3]["CUDA_VISIBLE_DEVICES"] == envs[1]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert envs[2]["CUDA_VISIBLE_DEVICES"] == "0,3"
-    # no GPUs: no CUDA_VISIBLE_DEVICES; one node's ranks in bundle order
+    # no GPUs: no CUDA_VISIBLE_DEVICES; one node's ranks in bundle order; rank 0's node
+    # is the master
     cpu = rank_envs([Place("a", "10.0.0.1"), Place("a", "10.0.0.1"), Place("b", "10.0.0.0")], 1)
     assert [e["RANK"] for e in cpu] == ["1", "2", "0"]
+    assert {e["MASTER_ADDR"] for e in cpu} == {"10.0.0.0"}
     assert [e["LOCAL_RANK"] for e in cpu] == ["0", "1", "0"]
     assert [e["LOCAL_WORLD_SIZE"] for e in cpu] == ["2", "2", "1"]
     assert all("CUDA_VISIBLE_DEVICES" not in e for e in cpu)
+
+
+def test_a_ranks_bundle_is_what_the_section_asks():
+    from gaca_agent.cluster.learners import bundle
+
+    assert bundle(ClusterSection(backend="ray", learners=2, learner_cpus=4, learner_gpus=1,
+                                 learner_resources={"a100": 1})) == {
+        "CPU": 4.0, "a100": 1.0, "GPU": 1.0}
+    assert bundle(ClusterSection(backend="ray", learners=2)) == {"CPU": 1.0}
 
 
 def test_learner_ranks_need_ray_and_sane_resources():
@@ -86,14 +97,22 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
 
     joined = []
     fake = types.SimpleNamespace(is_initialized=lambda: False,
-                                 init=lambda **kw: joined.append(kw["address"]))
+                                 init=lambda **kw: joined.append(kw))
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setenv(ADDRESS_VAR, "10.0.0.1:6379")
     ray_pool.connect(ClusterSection(backend="ray"))
-    ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"))
+    ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"), True)
     monkeypatch.delenv(ADDRESS_VAR)
+    ray_pool.connect(ClusterSection(backend="ray", object_store_mb=100))
+    assert joined == [
+        {"address": "10.0.0.1:6379", "log_to_driver": False},
+        {"address": "ray://head:10001", "log_to_driver": True},
+        # a Ray started here: its object store as asked, no dashboard, quiet actors
+        {"address": "local", "object_store_memory": 100 << 20, "include_dashboard": False,
+         "log_to_driver": False}]
+    fake.is_initialized = lambda: True  # once per process
     ray_pool.connect(ClusterSection(backend="ray"))
-    assert joined == ["10.0.0.1:6379", "ray://head:10001", "local"]
+    assert len(joined) == 3
 
 
 def test_a_launch_refuses_an_existing_run_before_placing_anything(tmp_path):

@@ -181,21 +181,23 @@ def exact_advantages(rows: list[dict[str, Any]], source: dict[str, Any], gamma: 
 def sign_changes(a: np.ndarray, reference: np.ndarray, rows: list[dict[str, Any]],
                  anchor: str, top: int = 5) -> dict[str, Any]:
     """How often ``a`` gives a row the sign opposite to ``reference``'s (GiGPO's), how
-    often it gives 0 where the reference does not, and the anchors (state key or
-    observation, with the actions) where the flips are most frequent."""
+    often it gives 0 where the reference does not, and the anchors where the flips are
+    most frequent: each named by its observation text, with the actions flipped there."""
     flipped = a * reference < 0
     where: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    shown: dict[str, str] = {}
     key = "observation" if anchor == "observation" else "state_key"
     for i, r in enumerate(rows):
         where[str(r[key])][1] += 1
         where[str(r[key])][0] += int(flipped[i])
+        shown.setdefault(str(r[key]), str(r.get("observation") or r[key]))
     worst = sorted(((f, n, k) for k, (f, n) in where.items() if f), reverse=True)[:top]
     actions = defaultdict(set)
     for i in np.flatnonzero(flipped):
         actions[str(rows[i][key])].add(rows[i]["action"])
     return {"flipped": float(flipped.mean()) if len(a) else 0.0,
             "zeroed": float(np.mean((a == 0) & (reference != 0))) if len(a) else 0.0,
-            "anchors": [{"anchor": k, "flipped": f, "rows": n,
+            "anchors": [{"anchor": shown[k], "flipped": f, "rows": n,
                          "actions": sorted(actions[k])} for f, n, k in worst]}
 
 
@@ -274,8 +276,9 @@ def markdown(result: dict[str, Any]) -> str:
         flips = ["", "Signs against GiGPO's (share of rows flipped / set to 0; the anchors "
                  "with the most flips):", ""]
         for n, c in result["sign_changes"].items():
-            where = "; ".join(f"{a['anchor'][:60]!r} {a['flipped']}/{a['rows']}"
-                              for a in c["anchors"][:3])
+            where = "; ".join(f"{' '.join(a['anchor'].split())[:70]!r}: {a['flipped']}/"
+                              f"{a['rows']} rows, {', '.join(a['actions'][:3])}"
+                              for a in c["anchors"][:2])
             flips.append(f"- {n}: {c['flipped']:.3f} / {c['zeroed']:.3f}"
                          + (f" ({where})" if where else ""))
     return "\n".join(head + corr + flips)
