@@ -41,6 +41,8 @@ SPECS: tuple[EnvSpec, ...] = (
             kwargs={"world": "slippery"}),
     EnvSpec("gaca/Diag-Pivots-v0", "gaca_envs.diag.env:DiagEnv", 60,
             kwargs={"world": "pivots", "level": 2}),
+    EnvSpec("gaca/Diag-Keys-v0", "gaca_envs.diag.env:DiagEnv", 40,
+            kwargs={"world": "keys", "level": 3}),
     # remote envs: the server's env keeps its own time limit, so none is added here
     EnvSpec("gaca/Remote-v0", "gaca_envs.remote.client:RemoteEnv", None,
             requires=("websockets",)),

@@ -36,7 +36,8 @@ def rollout_returns(env, policy, first_action: str | None, episodes: int, seed: 
     return np.asarray(returns)
 
 
-@pytest.mark.parametrize("env_id", ["gaca/Diag-Corridor-v0", "gaca/Diag-Slippery-v0"])
+@pytest.mark.parametrize("env_id", ["gaca/Diag-Corridor-v0", "gaca/Diag-Slippery-v0",
+                                    "gaca/Diag-Keys-v0"])
 def test_exact_values_match_monte_carlo(env_id):
     env = gym.make(env_id)
     env.reset(options={"task_id": 0})
@@ -83,7 +84,8 @@ def test_corridor_doors_are_pivotal():
         5 * max(np.abs(values.A[s]).max() for s in routine)
 
 
-@pytest.mark.parametrize("env_id", ["gaca/Diag-Corridor-v0", "gaca/Diag-Slippery-v0"])
+@pytest.mark.parametrize("env_id", ["gaca/Diag-Corridor-v0", "gaca/Diag-Slippery-v0",
+                                    "gaca/Diag-Keys-v0"])
 def test_expert_is_optimal_and_succeeds(env_id):
     env = gym.make(env_id, split="test")
     wins = 0
@@ -99,7 +101,7 @@ def test_expert_is_optimal_and_succeeds(env_id):
         assert opt >= exact_values(mdp, uniform_policy(mdp), GAMMA).V[mdp.start]
     if env_id.endswith("Corridor-v0"):
         assert wins == env.unwrapped.num_tasks
-    else:  # the bridge can be slipped off even by the optimal policy
+    else:  # the bridge can be slipped off, a key door jam, even under the optimal policy
         assert wins >= env.unwrapped.num_tasks // 2
 
 
@@ -150,3 +152,46 @@ def test_simulate_follows_the_mdp_and_matches_exact_value():
         returns.append(sum(GAMMA ** i * s.reward for i, s in enumerate(steps)))
     v = exact_values(mdp, policy, GAMMA).V[mdp.start]
     assert abs(np.mean(returns) - v) < 4 * np.std(returns) / np.sqrt(len(returns)) + 1e-3
+
+
+def test_keys_pays_each_key_on_the_spot_and_no_door_ends_the_episode():
+    """Diag-Keys: the sign's colour sets the rule (green/white: the key is behind the sign's
+    door; red/black: behind the other), a key pays 1 / 2k at once, a wrong door pays
+    nothing and the corridor goes on, so every episode meets every junction; an episode is
+    won only with every key; the states hold no key count (a key is paid when taken)."""
+    from gaca_envs.diag.worlds import FOLLOW, KEY_RULES, OTHER, keys
+
+    mdp = keys(7, level=2, jam=0.0)
+    doors = [s for s, a in enumerate(mdp.actions) if FOLLOW in a]
+    assert len(doors) == 4 and mdp.num_states == 9
+    assert all("key" not in name for name in mdp.states)
+    for s in doors:
+        colour = mdp.observations[s].split(" sign")[0].split()[-1]
+        right = mdp.actions[s].index(KEY_RULES[colour])
+        for a, outs in enumerate(mdp.outcomes[s]):
+            assert [(o.next_state, o.reward, o.terminal) for o in outs] == [
+                (s + 1, 0.25 if a == right else 0.0, False)]
+    assert {KEY_RULES[c] for c in ("green", "white")} == {FOLLOW}
+    assert {KEY_RULES[c] for c in ("red", "black")} == {OTHER}
+    env = gym.make("gaca/Diag-Keys-v0", split="test")
+    for follow_all in (True, False):
+        env.reset(seed=1, options={"task_id": 2})
+        seen, total = 0, 0.0
+        while True:
+            state = env.unwrapped.state_index
+            options = env.unwrapped.mdp.actions[state]
+            action = (env.unwrapped.expert_action() if follow_all or FOLLOW not in options
+                      else [a for a in options if a != env.unwrapped.expert_action()][0])
+            seen += FOLLOW in options
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += reward
+            if terminated or truncated:
+                break
+        assert seen == 6  # level 3: every junction met, right or wrong
+        if follow_all:
+            assert info["won"] == (total > 1 - 1e-9) and total in (
+                pytest.approx(k / 6) for k in range(7))
+        else:
+            assert total == 0.0 and not info["won"]
+    with pytest.raises(ValueError, match="level must be 1, 2, 3 or 4"):
+        keys(0, level=5)

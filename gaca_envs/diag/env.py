@@ -7,7 +7,7 @@ from typing import Literal
 
 from gaca_envs.core import Anchor, SimStep, TextEnv, stable_hash
 from gaca_envs.diag.mdp import TabularMDP, optimal_policy
-from gaca_envs.diag.worlds import WORLDS
+from gaca_envs.diag.worlds import LEVELLED, WORLDS
 
 DiagSplit = Literal["train", "test", "all"]
 TRAIN_TASKS, TEST_TASKS = 48, 16
@@ -40,7 +40,10 @@ class DiagEnv(TextEnv):
     (``gaca/Diag-Slippery-v0``): a river crossing by a short bridge that can be slipped off
     (stochastic) or a long safe path. ``world="pivots"`` (``gaca/Diag-Pivots-v0``, the
     study's world): ``level`` 1-4 sets the length, the number of pivotal doors (each with a
-    sign that points to or warns against a door) and, from level 3, jammed doors. See
+    sign that points to or warns against a door) and, from level 3, jammed doors.
+    ``world="keys"`` (``gaca/Diag-Keys-v0``, the credit study's world): ``level`` k gives 2k
+    junctions whose sign colour sets which door holds a key (the agent is not told the
+    rule); a key pays 1 / 2k at once, no door ends the episode. See
     ``gaca_envs.diag.worlds`` for the exact rules.
 
     ## Action Space
@@ -55,7 +58,8 @@ class DiagEnv(TextEnv):
     and ``env.unwrapped.state_index`` the current state's index in it.
 
     ## Rewards
-    The MDP's transition reward: 1 on reaching the goal, else 0.
+    The MDP's transition reward: 1 on reaching the goal, else 0 (``keys``: 1 / 2k per key).
+    An episode is won when it ends having earned 1 in all.
 
     ## Episode End
     Terminated by a terminal transition (goal, dead end, fall). Truncated by the
@@ -79,7 +83,7 @@ class DiagEnv(TextEnv):
         super().__init__(render_mode=render_mode, anchor=anchor)
         if world not in WORLDS:
             raise ValueError(f"unknown diagnostic world {world!r}; valid: {sorted(WORLDS)}")
-        if level is not None and world != "pivots":
+        if level is not None and world not in LEVELLED:
             raise ValueError(f"world {world!r} has no difficulty level")
         self.level = level
         if level is not None:
@@ -127,6 +131,7 @@ class DiagEnv(TextEnv):
 
     def _sim_reset(self, task_id: int) -> SimStep:
         self.state_index = self.mdp.start
+        self._return = 0.0
         return self._sim_at(self.state_index, 0.0, False, False)
 
     def _sim_step(self, action: str) -> SimStep:
@@ -136,7 +141,11 @@ class DiagEnv(TextEnv):
         k = int(self.np_random.choice(len(outs), p=[o.prob for o in outs])) if len(outs) > 1 else 0
         out = outs[k]
         self.state_index = out.next_state
-        return self._sim_at(out.next_state, out.reward, out.terminal, out.terminal and out.reward > 0)
+        self._return += out.reward
+        # won: the episode ends having earned the world's full return of 1 (every world's
+        # is 1, paid at the goal or, in ``keys``, in shares along the way)
+        return self._sim_at(out.next_state, out.reward, out.terminal,
+                            out.terminal and self._return > 1.0 - 1e-9)
 
     def _sim_at(self, s: int, reward: float, terminal: bool, won: bool) -> SimStep:
         mdp = self.mdp

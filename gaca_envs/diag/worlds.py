@@ -202,5 +202,57 @@ def pivots(index: int, level: int = 2, warn: bool = False) -> TabularMDP:
                       tuple(actions), tuple(outcomes))
 
 
+KEY_RULES = {"green": FOLLOW, "white": FOLLOW, "red": OTHER, "black": OTHER}
+
+
+def keys(index: int, level: int = 3, jam: float = 0.05) -> TabularMDP:
+    """The credit study's world: many separate decisions, each paid on the spot, none
+    ending the episode.
+
+    ``level`` k (1-4): 2k junctions, each followed by a routine segment (``walk
+    forward`` / ``rest``). At a junction a sign of the task's colour for it stands by one
+    of two doors; the colour sets the rule, which the agent is not told: a green or white
+    sign stands by the door with the key, a red or black one by the empty door. The key
+    door pays 1 / (2k) at once (unless it is jammed, probability ``jam``: the key stays
+    stuck and the agent walks on); the other door pays nothing; both lead on. The exit
+    ends the episode, won when every key was taken. So every rollout meets every junction
+    (GiGPO's anchor groups stay whole), a failed episode still holds right choices
+    (episode-level credit blames them too), and a choice taken rarely at a junction can
+    look lucky through the junctions after it (divergent anchor bias)."""
+    if level not in (1, 2, 3, 4):
+        raise ValueError(f"keys level must be 1, 2, 3 or 4, got {level}")
+    rng = _rng("keys", index)
+    junctions = 2 * level
+    colours = [str(c) for c in rng.choice(sorted(KEY_RULES), size=junctions)]
+    length = 2 * junctions + 1  # junction, routine, junction, routine, ..., routine (exit)
+    pay = 1.0 / junctions
+    states, observations, actions, outcomes = [], [], [], []
+    for i in range(length):
+        where = f"Corridor, segment {i + 1} of {length}."
+        last = i + 1 == length
+        onward = Outcome(1.0, i, 0.0, True) if last else Outcome(1.0, i + 1, 0.0, False)
+        if i % 2 == 0 and i // 2 < junctions:
+            colour = colours[i // 2]
+            states.append(f"segment-{i}-{colour}")
+            observations.append(f"{where} Two doors. A {colour} sign stands by one of them.")
+            actions.append((FOLLOW, OTHER))
+            key = tuple(o for o in (Outcome(1.0 - jam, i + 1, pay, False),
+                                    Outcome(jam, i + 1, 0.0, False)) if o.prob > 0)
+            outcomes.append(tuple(key if a == KEY_RULES[colour] else (onward,)
+                                  for a in (FOLLOW, OTHER)))
+        else:
+            states.append(f"segment-{i}")
+            observations.append(f"{where} " + ("The exit is ahead." if last
+                                               else "The passage continues ahead."))
+            actions.append((WALK, REST))
+            outcomes.append(((onward,), (Outcome(1.0, i, 0.0, False),)))
+    task = ("Take the key at every pair of doors, then reach the exit. The colour of the "
+            "sign by a door tells you whether the key is behind it.")
+    return TabularMDP(f"keys{level}", task, tuple(states), tuple(observations),
+                      tuple(actions), tuple(outcomes))
+
+
 WORLDS = {"corridor": corridor, "signs": signs, "signs_long": signs_long,
-          "slippery": slippery, "pivots": pivots}
+          "slippery": slippery, "pivots": pivots, "keys": keys}
+LEVELLED = ("pivots", "keys")
+"""The worlds with a difficulty ``level``."""
