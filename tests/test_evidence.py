@@ -187,12 +187,13 @@ def test_sign_changes_count_flips_and_name_the_anchors_where_they_happen():
 
     from gaca_agent.analysis.rescore import sign_changes
 
-    rows = [{"state_key": k, "action": a} for k, a in
+    rows = [{"group": 0, "state_key": k, "action": a} for k, a in
             [("door", "open left"), ("door", "open right"), ("door", "open left"),
              ("hall", "walk"), ("hall", "rest"), ("hall", "walk")]]
-    reference = np.array([1.0, -1.0, 1.0, 0.5, -0.5, 0.2])
-    ours = np.array([-0.2, -1.0, -0.1, 0.0, 0.5, 0.2])
+    rows.append({"group": 1, "state_key": "door", "action": "open left"})  # another group's
+    reference = np.array([1.0, -1.0, 1.0, 0.5, -0.5, 0.2, 1.0])
+    ours = np.array([-0.2, -1.0, -0.1, 0.0, 0.5, 0.2, -1.0])
     out = sign_changes(ours, reference, rows, "state")
-    assert out["flipped"] == pytest.approx(3 / 6) and out["zeroed"] == pytest.approx(1 / 6)
+    assert out["flipped"] == pytest.approx(4 / 7) and out["zeroed"] == pytest.approx(1 / 7)
     assert [(a["anchor"], a["flipped"], a["rows"], a["actions"]) for a in out["anchors"]] == [
-        ("door", 2, 3, ["open left"]), ("hall", 1, 3, ["rest"])]
+        ("door", 2, 3, ["open left"]), ("hall", 1, 3, ["rest"]), ("door", 1, 1, ["open left"])]

@@ -184,17 +184,21 @@ def sign_changes(a: np.ndarray, reference: np.ndarray, rows: list[dict[str, Any]
     often it gives 0 where the reference does not, and the anchors where the flips are
     most frequent: each named by its observation text, with the actions flipped there."""
     flipped = a * reference < 0
-    where: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    shown: dict[str, str] = {}
-    key = "observation" if anchor == "observation" else "state_key"
+    where: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    shown: dict[tuple, str] = {}
+    field = "observation" if anchor == "observation" else "state_key"
+
+    def key(r):  # an anchor group: its task group's rows in one state
+        return (str(r["group"]), str(r[field]))
+
     for i, r in enumerate(rows):
-        where[str(r[key])][1] += 1
-        where[str(r[key])][0] += int(flipped[i])
-        shown.setdefault(str(r[key]), str(r.get("observation") or r[key]))
+        where[key(r)][1] += 1
+        where[key(r)][0] += int(flipped[i])
+        shown.setdefault(key(r), str(r.get("observation") or r[field]))
     worst = sorted(((f, n, k) for k, (f, n) in where.items() if f), reverse=True)[:top]
     actions = defaultdict(set)
     for i in np.flatnonzero(flipped):
-        actions[str(rows[i][key])].add(rows[i]["action"])
+        actions[key(rows[i])].add(rows[i]["action"])
     return {"flipped": float(flipped.mean()) if len(a) else 0.0,
             "zeroed": float(np.mean((a == 0) & (reference != 0))) if len(a) else 0.0,
             "anchors": [{"anchor": shown[k], "flipped": f, "rows": n,
