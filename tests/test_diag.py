@@ -155,40 +155,41 @@ def test_simulate_follows_the_mdp_and_matches_exact_value():
 
 
 def test_keys_pays_each_key_on_the_spot_and_no_door_ends_the_episode():
-    """Diag-Keys: the sign's colour sets the rule (green/white: the key is behind the sign's
-    door; red/black: behind the other), a key pays 1 / 2k at once, a wrong door pays
-    nothing and the corridor goes on, so every episode meets every junction; an episode is
-    won only with every key; the states hold no key count (a key is paid when taken)."""
-    from gaca_envs.diag.worlds import FOLLOW, KEY_RULES, OTHER, keys
+    """Diag-Keys: each junction is a kind with its own two actions, one of which finds the
+    key (1 / 2k, paid at once); the other pays nothing and the corridor goes on, so every
+    episode meets every junction; an episode is won only with every key; the states hold
+    no key count (a key is paid when taken)."""
+    from gaca_envs.diag.worlds import KEY_SPOTS, keys
 
     mdp = keys(7, level=2, jam=0.0)
-    doors = [s for s, a in enumerate(mdp.actions) if FOLLOW in a]
-    assert len(doors) == 4 and mdp.num_states == 9
+    junctions = [s for s, a in enumerate(mdp.actions) if "walk forward" not in a]
+    assert len(junctions) == 4 and mdp.num_states == 9
     assert all("key" not in name for name in mdp.states)
-    for s in doors:
-        colour = mdp.observations[s].split(" sign")[0].split()[-1]
-        right = mdp.actions[s].index(KEY_RULES[colour])
-        for a, outs in enumerate(mdp.outcomes[s]):
-            assert [(o.next_state, o.reward, o.terminal) for o in outs] == [
-                (s + 1, 0.25 if a == right else 0.0, False)]
-    assert {KEY_RULES[c] for c in ("green", "white")} == {FOLLOW}
-    assert {KEY_RULES[c] for c in ("red", "black")} == {OTHER}
+    rules = {right: wrong for _, right, wrong in KEY_SPOTS}
+    for s in junctions:
+        right, wrong = mdp.actions[s]
+        assert rules[right] == wrong
+        assert [(o.next_state, o.reward, o.terminal) for o in mdp.outcomes[s][0]] == [
+            (s + 1, 0.25, False)]
+        assert [(o.next_state, o.reward, o.terminal) for o in mdp.outcomes[s][1]] == [
+            (s + 1, 0.0, False)]
     env = gym.make("gaca/Diag-Keys-v0", split="test")
-    for follow_all in (True, False):
+    for right_all in (True, False):
         env.reset(seed=1, options={"task_id": 2})
         seen, total = 0, 0.0
         while True:
             state = env.unwrapped.state_index
             options = env.unwrapped.mdp.actions[state]
-            action = (env.unwrapped.expert_action() if follow_all or FOLLOW not in options
-                      else [a for a in options if a != env.unwrapped.expert_action()][0])
-            seen += FOLLOW in options
+            expert = env.unwrapped.expert_action()
+            junction = "walk forward" not in options
+            action = expert if right_all or not junction else rules[expert]
+            seen += junction
             obs, reward, terminated, truncated, info = env.step(action)
             total += reward
             if terminated or truncated:
                 break
         assert seen == 6  # level 3: every junction met, right or wrong
-        if follow_all:
+        if right_all:
             assert info["won"] == (total > 1 - 1e-9) and total in (
                 pytest.approx(k / 6) for k in range(7))
         else:

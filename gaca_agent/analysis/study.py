@@ -54,6 +54,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-k2": ("gaca", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0, "form": "linear"}, []),
     # omega 0.25: a smaller fixed step-level weight, the lowest error there (exploratory)
     "gigpo-w0.25": ("gigpo", {"gamma": 0.95, "omega": 0.25}, []),
+    # issue 43's calibrated step credit, at their defaults (docs/algorithms.md)
+    "ecpo": ("ecpo", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0}, []),
+    "shrink": ("shrink", {"gamma": 0.95, "omega": 1.0}, []),
+    "spread": ("spread", {"gamma": 0.95, "omega": 1.0}, []),
 }
 ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-sigmoid": ("gaca", {"gamma": 0.95, "kappa": 0.25, "form": "sigmoid"}, []),
@@ -121,6 +125,25 @@ PRESETS = {
                    "env.kwargs={split: train, level: 3}",
                    "env.eval_kwargs={split: test, level: 3}"),
         labels=("grpo", "gigpo"), pairs=(("gigpo", "grpo"),)),
+    # Issue 43's paired studies on that world, planned in docs/study.md before they ran:
+    # seeds 4-13 (0-3 were the calibration's), the calibration's budget unchanged. Two
+    # studies of 40 runs each (about 75 minutes each on 2 cores), each with GiGPO.
+    "keys": Preset(
+        envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(4, 14)),
+        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
+                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
+                   "env.kwargs={split: train, level: 3}",
+                   "env.eval_kwargs={split: test, level: 3}"),
+        labels=("grpo", "gigpo", "ecpo", "shrink"),
+        pairs=(("gigpo", "grpo"), ("ecpo", "gigpo"), ("shrink", "gigpo"), ("ecpo", "grpo"))),
+    "keys-proxies": Preset(
+        envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(4, 14)),
+        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
+                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
+                   "env.kwargs={split: train, level: 3}",
+                   "env.eval_kwargs={split: test, level: 3}"),
+        labels=("gigpo", "spread", "gaca", "gigpo-w0.25"),
+        pairs=(("spread", "gigpo"), ("gaca", "gigpo"), ("gigpo-w0.25", "gigpo"))),
     "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
                  overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
                             "env.eval_episodes=4", "checkpoint_every=0", "warmup.bc_steps=5",

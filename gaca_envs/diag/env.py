@@ -42,8 +42,9 @@ class DiagEnv(TextEnv):
     study's world): ``level`` 1-4 sets the length, the number of pivotal doors (each with a
     sign that points to or warns against a door) and, from level 3, jammed doors.
     ``world="keys"`` (``gaca/Diag-Keys-v0``, the credit study's world): ``level`` k gives 2k
-    junctions whose sign colour sets which door holds a key (the agent is not told the
-    rule); a key pays 1 / 2k at once, no door ends the episode. See
+    junctions of six kinds (a lever, a chest, ...), each with its own two actions, one of
+    which finds a key (the agent is not told which); a key pays 1 / 2k at once, no action
+    ends the episode. See
     ``gaca_envs.diag.worlds`` for the exact rules.
 
     ## Action Space

@@ -202,7 +202,16 @@ def pivots(index: int, level: int = 2, warn: bool = False) -> TabularMDP:
                       tuple(actions), tuple(outcomes))
 
 
-KEY_RULES = {"green": FOLLOW, "white": FOLLOW, "red": OTHER, "black": OTHER}
+KEY_SPOTS = (
+    ("A lever sticks out of the wall.", "pull the lever", "kick the lever"),
+    ("A locked chest stands here.", "open the chest", "shake the chest"),
+    ("A ladder leads up to a shelf.", "climb the ladder", "push the ladder"),
+    ("A rope hangs from the ceiling.", "pull the rope", "cut the rope"),
+    ("A small box lies on the floor.", "lift the box", "step on the box"),
+    ("A bell hangs by a door.", "ring the bell", "knock on the wall"),
+)
+"""The keys world's junctions: what the agent sees, the action that finds the key, the
+one that does not."""
 
 
 def keys(index: int, level: int = 3, jam: float = 0.05) -> TabularMDP:
@@ -210,20 +219,20 @@ def keys(index: int, level: int = 3, jam: float = 0.05) -> TabularMDP:
     ending the episode.
 
     ``level`` k (1-4): 2k junctions, each followed by a routine segment (``walk
-    forward`` / ``rest``). At a junction a sign of the task's colour for it stands by one
-    of two doors; the colour sets the rule, which the agent is not told: a green or white
-    sign stands by the door with the key, a red or black one by the empty door. The key
-    door pays 1 / (2k) at once (unless it is jammed, probability ``jam``: the key stays
-    stuck and the agent walks on); the other door pays nothing; both lead on. The exit
-    ends the episode, won when every key was taken. So every rollout meets every junction
-    (GiGPO's anchor groups stay whole), a failed episode still holds right choices
-    (episode-level credit blames them too), and a choice taken rarely at a junction can
-    look lucky through the junctions after it (divergent anchor bias)."""
+    forward`` / ``rest``). Each junction is one of six kinds (a lever, a chest, a ladder, a
+    rope, a box, a bell; drawn per task) with two actions, one of which finds the key
+    (which, the agent is not told). The key pays 1 / (2k) at once (unless it is jammed,
+    probability ``jam``: it stays stuck); the other action pays nothing; both lead on.
+    The exit ends the episode, won when every key was taken. So every rollout meets every
+    junction (GiGPO's anchor groups stay whole), a failed episode still holds right
+    choices (episode-level credit blames them too), each kind is its own thing to learn,
+    and a choice taken rarely at a junction can look lucky through the junctions after it
+    (divergent anchor bias)."""
     if level not in (1, 2, 3, 4):
         raise ValueError(f"keys level must be 1, 2, 3 or 4, got {level}")
     rng = _rng("keys", index)
     junctions = 2 * level
-    colours = [str(c) for c in rng.choice(sorted(KEY_RULES), size=junctions)]
+    spots = [KEY_SPOTS[int(k)] for k in rng.integers(len(KEY_SPOTS), size=junctions)]
     length = 2 * junctions + 1  # junction, routine, junction, routine, ..., routine (exit)
     pay = 1.0 / junctions
     states, observations, actions, outcomes = [], [], [], []
@@ -232,22 +241,21 @@ def keys(index: int, level: int = 3, jam: float = 0.05) -> TabularMDP:
         last = i + 1 == length
         onward = Outcome(1.0, i, 0.0, True) if last else Outcome(1.0, i + 1, 0.0, False)
         if i % 2 == 0 and i // 2 < junctions:
-            colour = colours[i // 2]
-            states.append(f"segment-{i}-{colour}")
-            observations.append(f"{where} Two doors. A {colour} sign stands by one of them.")
-            actions.append((FOLLOW, OTHER))
+            seen, right, wrong = spots[i // 2]
+            states.append(f"segment-{i}-{right}")
+            observations.append(f"{where} {seen}")
+            actions.append((right, wrong))
             key = tuple(o for o in (Outcome(1.0 - jam, i + 1, pay, False),
                                     Outcome(jam, i + 1, 0.0, False)) if o.prob > 0)
-            outcomes.append(tuple(key if a == KEY_RULES[colour] else (onward,)
-                                  for a in (FOLLOW, OTHER)))
+            outcomes.append((key, (onward,)))
         else:
             states.append(f"segment-{i}")
             observations.append(f"{where} " + ("The exit is ahead." if last
                                                else "The passage continues ahead."))
             actions.append((WALK, REST))
             outcomes.append(((onward,), (Outcome(1.0, i, 0.0, False),)))
-    task = ("Take the key at every pair of doors, then reach the exit. The colour of the "
-            "sign by a door tells you whether the key is behind it.")
+    task = ("Find the key at every stop along the corridor, then reach the exit. Each stop "
+            "hides one key; only one of its two actions finds it.")
     return TabularMDP(f"keys{level}", task, tuple(states), tuple(observations),
                       tuple(actions), tuple(outcomes))
 
