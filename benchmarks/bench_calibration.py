@@ -20,8 +20,6 @@ same batches:
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -127,16 +125,7 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=30)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    results = run(args.seeds)
-    print(table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return bench_credit.seeds_main(__doc__, run, table, argv)
 
 
 if __name__ == "__main__":

@@ -140,17 +140,22 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def seeds_main(doc: str, run_fn, table_fn, argv=None) -> int:
+    """``--seeds N [--json out.json]``: run, print the table, keep the numbers."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    results = run(args.seeds)
-    print(table(results))
+    results = run_fn(args.seeds)
+    print(table_fn(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+def main(argv=None) -> int:
+    return seeds_main(__doc__, run, table, argv)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,14 @@ def action_stats(G: np.ndarray, anchor: np.ndarray, action: np.ndarray,
                        np.bincount(sa_anchor, minlength=k).astype(np.float64)[anchor],
                        mean_s[anchor], mean_sa[sa], between[anchor], within[anchor],
                        scale[anchor])
+
+
+def action_level(p, cfg, name: str, norm: Norm | None = None):
+    """(A^E, anchor ids, the anchors' :class:`ActionStats`) of a step-level estimator's
+    config (``norm``: the statistics' scale, the config's by default)."""
+    from gaca_agent.advantages.common import anchor_ids, episode_advantage
+
+    anchor = anchor_ids(p, cfg.similarity)
+    return (episode_advantage(p, cfg.norm, cfg.episode_stats), anchor,
+            action_stats(p.returns_to_go(cfg.gamma), anchor, p.field("action", name),
+                         norm or cfg.norm))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gaca_agent.advantages.actions import ActionStats, action_stats
+from gaca_agent.advantages.actions import ActionStats, action_level
 from gaca_agent.advantages.batch import Prepared
-from gaca_agent.advantages.common import anchor_ids, diagnostics, episode_advantage
+from gaca_agent.advantages.common import diagnostics
 from gaca_agent.advantages.gigpo import StepConfig
 from gaca_agent.advantages.registry import register
 
@@ -53,9 +53,7 @@ def eb_factor(s: ActionStats, anchor: np.ndarray) -> np.ndarray:
 def shrink(p: Prepared, cfg: ShrinkConfig):
     if p.n == 0:
         return np.zeros(0), diagnostics(p)
-    a_e = episode_advantage(p, cfg.norm, cfg.episode_stats)
-    anchor = anchor_ids(p, cfg.similarity)
-    s = action_stats(p.returns_to_go(cfg.gamma), anchor, p.field("action", "shrink"), cfg.norm)
+    a_e, anchor, s = action_level(p, cfg, "shrink")
     step = np.where(s.n_anchor >= 2, (s.action_mean - s.anchor_mean) / s.scale, 0.0)
     weight = cfg.omega * eb_factor(s, anchor)
     return a_e + weight * step, diagnostics(p, anchor, weight, step)

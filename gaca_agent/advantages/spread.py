@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gaca_agent.advantages.actions import action_stats
+from gaca_agent.advantages.actions import action_level
 from gaca_agent.advantages.batch import Prepared
-from gaca_agent.advantages.common import diagnostics
-from gaca_agent.advantages.gigpo import StepConfig, two_level
+from gaca_agent.advantages.common import diagnostics, step_advantage
+from gaca_agent.advantages.gigpo import StepConfig
 from gaca_agent.advantages.registry import register
 
 
@@ -35,10 +35,10 @@ class SpreadConfig(StepConfig):
 
 @register("spread", SpreadConfig)
 def spread(p: Prepared, cfg: SpreadConfig):
-    a_e, a_s, anchor = two_level(p, cfg)
     if p.n == 0:
         return np.zeros(0), diagnostics(p)
-    s = action_stats(p.returns_to_go(cfg.gamma), anchor, p.field("action", "spread"), "mean")
+    a_e, anchor, s = action_level(p, cfg, "spread", "mean")
+    a_s, _ = step_advantage(p, anchor, cfg.gamma, cfg.norm)
     d = np.sqrt(s.between / s.n_anchor)
     several = s.k_actions >= 2
     anchors = float(np.sum(several / s.n_anchor))

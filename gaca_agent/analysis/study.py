@@ -83,6 +83,10 @@ class Preset:
     """Which seeds enter (then ``seeds`` is unused): see :mod:`gaca_agent.analysis.screen`."""
 
 
+#: Diag-Keys level 3 at the budget its calibration fixed (docs/study.md).
+KEYS_BUDGET = ("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
+               "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
+               "env.kwargs={split: train, level: 3}", "env.eval_kwargs={split: test, level: 3}")
 PRESETS = {
     "full": Preset(envs=(("signs", "gaca/Diag-Signs-v0"), ("signs-long", "gaca/Diag-SignsLong-v0")),
                    seeds=(0, 1, 2),
@@ -120,28 +124,19 @@ PRESETS = {
     # calibration runs down; the world is not tuned after them).
     "keys-calibration": Preset(
         envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=(0, 1, 2, 3),
-        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
-                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
-                   "env.kwargs={split: train, level: 3}",
-                   "env.eval_kwargs={split: test, level: 3}"),
+        overrides=KEYS_BUDGET,
         labels=("grpo", "gigpo"), pairs=(("gigpo", "grpo"),)),
     # Issue 43's paired studies on that world, planned in docs/study.md before they ran:
     # seeds 4-13 (0-3 were the calibration's), the calibration's budget unchanged. Two
     # studies of 40 runs each (about 75 minutes each on 2 cores), each with GiGPO.
     "keys": Preset(
         envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(4, 14)),
-        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
-                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
-                   "env.kwargs={split: train, level: 3}",
-                   "env.eval_kwargs={split: test, level: 3}"),
+        overrides=KEYS_BUDGET,
         labels=("grpo", "gigpo", "ecpo", "shrink"),
         pairs=(("gigpo", "grpo"), ("ecpo", "gigpo"), ("shrink", "gigpo"), ("ecpo", "grpo"))),
     "keys-proxies": Preset(
         envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(4, 14)),
-        overrides=("iterations=8", "eval_every=2", "env.groups=8", "env.group_size=8",
-                   "env.eval_episodes=32", "checkpoint_every=0", "keep_rollouts=false",
-                   "env.kwargs={split: train, level: 3}",
-                   "env.eval_kwargs={split: test, level: 3}"),
+        overrides=KEYS_BUDGET,
         labels=("gigpo", "spread", "gaca", "gigpo-w0.25"),
         pairs=(("spread", "gigpo"), ("gaca", "gigpo"), ("gigpo-w0.25", "gigpo"))),
     "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
