@@ -84,6 +84,9 @@ def test_learner_ranks_need_ray_and_sane_resources():
         ClusterSection(backend="ray", learners=-1)
     with pytest.raises(ValueError, match="learner_gpus >= 0"):
         ClusterSection(backend="ray", learners=1, learner_gpus=-1)
+    with pytest.raises(ValueError, match="must ask for something"):
+        ClusterSection(backend="ray", learners=2, learner_cpus=0)
+    assert ClusterSection(backend="ray", learners=2, learner_cpus=0, learner_gpus=1).learners
     assert ClusterSection(backend="ray", learners=2).learner_strategy == "PACK"
 
 

@@ -269,6 +269,11 @@ class ClusterSection:
                 or self.learner_start_timeout_s <= 0:
             raise ValueError("need cluster.learners >= 0, cluster.learner_cpus >= 0, "
                              "cluster.learner_gpus >= 0 and cluster.learner_start_timeout_s > 0")
+        if self.learners and not (self.learner_cpus or self.learner_gpus
+                                  or any(self.learner_resources.values())):
+            raise ValueError("a learner rank must ask for something (Ray refuses an empty "
+                             "bundle): cluster.learner_cpus, learner_gpus or "
+                             "learner_resources")
         for part in ("servers", "learners"):
             if getattr(self, part) and self.backend != "ray":
                 raise ValueError(f"cluster.{part} are started by Ray: set cluster.backend: ray")
