@@ -13,8 +13,8 @@ same batches:
 - at **rare-action rows** (the row's action was taken at most twice in an anchor group
   where another action was also taken: where divergent anchor bias can arise), with the
   row's step term u = w_t A^S_t: ``flip``, the share whose u has the sign opposite to
-  GiGPO's (omega 1; a GiGPO u of 0 is not flipped); ``zeroed``, the share where GiGPO's u is not 0 and this one's is;
-  ``wrong``/``right``, the share whose u has the sign opposite to / the same as the
+  GiGPO's (omega 1; a GiGPO u of 0 is not flipped); ``zeroed``, the share where GiGPO's
+  u is not 0 and this one's is; ``wrong``/``right``, the share whose u has the sign opposite to / the same as the
   exact advantage (a u of 0 is neither).
 """
 
@@ -49,20 +49,21 @@ def rare_rows(batch) -> np.ndarray:
     return (s.n_action <= 2) & (s.k_actions >= 2)
 
 
-def step_term(name: str, params: dict, batch) -> np.ndarray:
-    _, _, rows = compute(name, batch, details=True, norm="mean", **params)
-    return rows["weight"] * rows["step_adv"]
+def in_reward_units(name: str, params: dict, batch) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages, step terms w_t A^S_t) with ``norm="mean"``."""
+    adv, _, rows = compute(name, batch, details=True, norm="mean", **params)
+    return adv, rows["weight"] * rows["step_adv"]
 
 
 def measure(batch, exact) -> dict[str, dict[str, float]]:
     rare = rare_rows(batch)
-    base = step_term("gigpo", {}, batch)[rare]
+    runs = {label: in_reward_units(name, params, batch) for label, name, params in CONFIGS}
+    base = runs["gigpo"][1][rare]
+    truth = np.sign(exact[rare])
     out = {}
     for label, name, params in CONFIGS:
-        adv = compute(name, batch, norm="mean", **params)[0]
+        adv, u = runs[label][0], runs[label][1][rare]
         std_adv = compute(name, batch, **params)[0]
-        u = step_term(name, params, batch)[rare]
-        truth = np.sign(exact[rare])
         out[label] = {
             "mse": float(np.mean((adv - exact) ** 2)),
             "corr": float(np.corrcoef(std_adv, exact)[0, 1]) if std_adv.std() > 0 else 0.0,

@@ -32,6 +32,12 @@ class ActionStats:
     """What a step advantage is divided by: the anchor's sample std + EPS (``std``), 1
     (``mean``)."""
 
+    def between_share(self) -> np.ndarray:
+        """B / (B + W): the share of the anchor's return variation that lies between its
+        actions (0 where every return is equal)."""
+        total = self.between + self.within
+        return np.divide(self.between, total, out=np.zeros(len(total)), where=total > 0)
+
 
 def action_stats(G: np.ndarray, anchor: np.ndarray, action: np.ndarray,
                  norm: Norm) -> ActionStats:

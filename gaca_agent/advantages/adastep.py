@@ -28,11 +28,8 @@ def shrinkage(G: np.ndarray, anchor: np.ndarray, action: np.ndarray) -> np.ndarr
     s = action_stats(G, anchor, action, "mean")
     min_count = np.full(int(anchor.max()) + 1, np.inf)
     np.minimum.at(min_count, anchor, s.n_action)
-    total = s.between + s.within  # the anchor's total sum of squares
-    ok = (s.k_actions >= 2) & (min_count[anchor] >= 2) & (total > 0)
-    w = np.ones(len(G))
-    w[ok] = np.clip(1.0 - s.within[ok] / total[ok], 0.0, 1.0)
-    return w
+    ok = (s.k_actions >= 2) & (min_count[anchor] >= 2) & (s.between + s.within > 0)
+    return np.where(ok, s.between_share(), 1.0)  # 1 - within/total: the explained share
 
 
 @register("adastep", AdaStepConfig)

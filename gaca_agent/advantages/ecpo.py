@@ -43,8 +43,5 @@ def ecpo(p: Prepared, cfg: ECPOConfig):
     a_e, anchor, s = action_level(p, cfg, "ecpo")
     step = np.where(s.n_anchor >= 2, s.n_action / (s.n_action + cfg.kappa)
                     * (s.action_mean - s.anchor_mean) / s.scale, 0.0)
-    total = s.between + s.within
-    gate = (np.divide(s.between, total, out=np.zeros(p.n), where=total > 0) if cfg.gate
-            else np.ones(p.n))
-    weight = cfg.omega * gate
+    weight = cfg.omega * (s.between_share() if cfg.gate else np.ones(p.n))
     return a_e + weight * step, diagnostics(p, anchor, weight, step)
