@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -108,6 +109,9 @@ def test_paired_statistics_and_sign_test():
         2 * sum(math.comb(10, i) for i in range(3)) / 1024)
     mean, half = t_interval([0.1, 0.2, 0.3])
     assert mean == pytest.approx(0.2) and half == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    # past the table (a 16-seed study): Student's quantile, not the normal one (1.96)
+    _, half = t_interval([0.0, 1.0] * 8)
+    assert half == pytest.approx(2.131 * statistics.stdev([0.0, 1.0] * 8) / 4, abs=1e-3)
 
 
 def test_screening_keeps_the_first_seeds_inside_the_bounds_and_reports_the_rest(tmp_path):

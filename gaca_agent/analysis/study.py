@@ -67,7 +67,16 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-nll-action": ("gaca", {"gamma": 0.95, "kappa": 0.25}, ["env.nll_span=action"]),
 }
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228}
+       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179}
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom: the table
+    to 12, then the Cornish-Fisher expansion about 1.96 (within 0.001 from 13 on)."""
+    if df in T95:
+        return T95[df]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,12 @@ PRESETS = {
         overrides=KEYS_BUDGET,
         labels=("gigpo", "spread", "gaca", "gigpo-w0.25"),
         pairs=(("spread", "gigpo"), ("gaca", "gigpo"), ("gigpo-w0.25", "gigpo"))),
+    # The keys study's world test missed its rule (GiGPO - GRPO 9 / 1, p = 0.021 > 0.01):
+    # a second, separate world test on fresh seeds, planned in docs/study.md before it ran.
+    "keys-replication": Preset(
+        envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(14, 30)),
+        overrides=KEYS_BUDGET,
+        labels=("grpo", "gigpo"), pairs=(("gigpo", "grpo"),)),
     "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
                  overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
                             "env.eval_episodes=4", "checkpoint_every=0", "warmup.bc_steps=5",
@@ -276,7 +291,7 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     if n < 2:
         return mean, 0.0
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return mean, t95(n - 1) * sd / math.sqrt(n)
 
 
 def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
