@@ -201,3 +201,19 @@ def test_sign_changes_count_flips_and_name_the_anchors_where_they_happen():
     assert out["flipped"] == pytest.approx(4 / 7) and out["zeroed"] == pytest.approx(1 / 7)
     assert [(a["anchor"], a["flipped"], a["rows"], a["actions"]) for a in out["anchors"]] == [
         ("door", 2, 3, ["open left"]), ("hall", 1, 3, ["rest"]), ("door", 1, 1, ["open left"])]
+
+
+def test_the_paired_table_shows_a_tiny_sign_test_p_value_not_zero():
+    """16 wins of 16 give p = 2 / 2^16: the table must say so, not print 0.000."""
+    from gaca_agent.analysis.study import sign_test
+    from gaca_agent.analysis.study_report import paired_markdown
+
+    def metric(diffs):
+        return {"mean": 0.1, "ci95": [0.05, 0.15], "wins": sum(d > 0 for d in diffs),
+                "losses": sum(d < 0 for d in diffs), "ties": 0, "sign_test_p": sign_test(diffs)}
+
+    text = paired_markdown({"w": {"gigpo - grpo": {
+        "seeds": list(range(16)), "final": metric([0.1] * 16),
+        "auc": metric([0.1] * 9 + [-0.1])}}})
+    assert "| 16 / 0 / 0 | 3.05e-05 |" in text
+    assert "| 9 / 1 / 0 | 0.0215 |" in text

@@ -85,7 +85,7 @@ def paired_markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {name} | {'final success' if metric == 'final' else 'AUC'} | "
                              f"{len(entry['seeds'])} | {m['mean']:+.3f} ({m['ci95'][0]:+.3f} "
                              f"to {m['ci95'][1]:+.3f}) | {m['wins']} / {m['losses']} / "
-                             f"{m['ties']} | {m['sign_test_p']:.3f} |")
+                             f"{m['ties']} | {m['sign_test_p']:.3g} |")
         lines.append("")
     return "\n".join(lines)
 
