@@ -14,8 +14,8 @@ same batches:
   where another action was also taken: where divergent anchor bias can arise), with the
   row's step term u = w_t A^S_t: ``flip``, the share whose u has the sign opposite to
   GiGPO's (omega 1; a GiGPO u of 0 is not flipped); ``zeroed``, the share where GiGPO's
-  u is not 0 and this one's is; ``wrong``/``right``, the share whose u has the sign opposite to / the same as the
-  exact advantage (a u of 0 is neither).
+  u is not 0 and this one's is; ``wrong``/``right``, the share whose u has the sign
+  opposite to / the same as the exact advantage (a u of 0 is neither).
 """
 
 from __future__ import annotations
