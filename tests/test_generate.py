@@ -367,16 +367,55 @@ def test_probe_measures_the_gap_and_names_the_fix():
     with pytest.raises(ProbeMismatch, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
         check(result, 0.1, "sglang")
     check(result, result.mean_gap, "vllm")  # at the tolerance: passes
-    half = ProbeResult(0.5, 3, 1.0, 2.0, 0.5, True)  # temperature-1 gap not below half
+    half = ProbeResult(0.5, 0.5, 3, 1.0, 2.0, 0.5, True)  # temperature-1 gap not below half
     with pytest.raises(ProbeMismatch, match="generation-config vllm"):
         check(half, 0.1, "vllm")
-    far = ProbeResult(0.5, 3, 1.0, 2.0, 0.9, True)
+    far = ProbeResult(0.5, 0.5, 3, 1.0, 2.0, 0.9, True)
     with pytest.raises(ProbeMismatch, match="generation-config vllm"):
         check(far, 0.1, "vllm")
     with pytest.raises(ProbeMismatch, match=re.escape(
             "--sampling-defaults openai (no sampling defaults from the model's "
             "generation_config.json) and check that the server serves the weights")):
         check(far, 0.1, "sglang")
+    # the learner trains at another temperature than the server samples at: the rollout
+    # probe scores at the learner's, so the gap shows and names the one temperature
+    skewed = probe(Canned(([7, 8, 9], [-1.0, -2.0, -0.5]), ([7, 8, 9], [0, 0, 0])),
+                   lambda p, c, t: learner[t], 0.5, tokens=3, learner_temperature=1.0)
+    assert skewed.mean_gap == pytest.approx(0.7 / 3) and skewed.learner_temperature == 1.0
+    with pytest.raises(ProbeMismatch, match="recomputes log-probs at temperature 1, not at "
+                                            "the rollouts' 0.5: one temperature"):
+        check(skewed, 0.1, "vllm")
+    assert probe(Canned(([7, 8, 9], [-1.0, -2.0, -0.5]), ([7, 8, 9], [0, 0, 0])),
+                 lambda p, c, t: learner[t], 0.5, tokens=3).mean_gap == 0.0
+
+
+def test_the_sync_probe_scores_where_the_update_recomputes(tmp_path):
+    """The weight sync's rollout probe asks the learner for the log-probs its update uses
+    (learner.temperature), not for the rollouts' temperature: a learner left at 1 while
+    the server samples at 0.5 stops the run naming both; at 0.5 the probe passes."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("accelerate")
+    from gaca_agent.config import ServerSection
+    from gaca_agent.learner.config import LearnerConfig
+    from gaca_agent.training.sync import WeightSync
+
+    scores = {0.5: [-1.0, -2.0, -0.5], 1.0: [-1.1, -1.4, -0.5]}
+    for trained_at, fails in ((1.0, True), (0.5, False)):
+        engine = Canned(([7, 8, 9], scores[0.5]), ([7, 8, 9], [0, 0, 0]))
+        engine.kind = "vllm"
+        learner = SimpleNamespace(config=LearnerConfig(temperature=trained_at),
+                                  accelerator=SimpleNamespace(num_processes=1),
+                                  score=lambda p, c, t: np.asarray(scores[t]))
+        servers = SimpleNamespace(members=[engine], lose=lambda e, err: False)
+        sync = WeightSync(learner, servers, tmp_path, "run", ServerSection(probe_tokens=3),
+                          0.5, 0.5)
+        if fails:
+            with pytest.raises(ProbeMismatch, match="at temperature 1, not at the "
+                                                    "rollouts' 0.5"):
+                sync._probe()
+        else:
+            assert sync._probe()["probe/mean_gap"] == 0.0
 
 
 def test_the_server_section_makes_its_engine_with_keys_from_the_environment(monkeypatch):

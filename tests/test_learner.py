@@ -419,3 +419,37 @@ def test_the_entropy_bonus_raises_entropy_and_logging_it_changes_nothing(tiny_mo
     assert all(torch.equal(before[k], after[k]) for k in before)
     plain, _ = make_learner(tiny_model_path, kl_coef=0.0)
     assert "losses/entropy" not in plain.update(table, zeros)
+
+
+def test_the_learner_recomputes_at_the_temperature_the_rollouts_sampled(tiny_model_path):
+    """gaca-train's config gives the learner model.temperature (0.7 here): rollouts the
+    engine samples at 0.7 are recomputed by the update to rounding, where a learner at
+    temperature 1 would score another distribution (a gap of hundredths, ratios far
+    from 1); a learner.temperature other than the rollouts' is refused."""
+    import numpy as np
+
+    from gaca_agent.config import load_config
+    from gaca_agent.generate.engines import HFEngine, Request
+    from gaca_agent.learner.core import Learner
+    from gaca_agent.steps import StepTable
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    cfg = load_config(None, ["model.temperature=0.7", "learner.old_logprobs=recompute",
+                             "learner.kl_coef=0.0", "learner.lr=0.01"])
+    assert cfg.learner.temperature == 0.7
+    with pytest.raises(ValueError, match="learner.temperature 1 is not model.temperature 0.7"):
+        load_config(None, ["model.temperature=0.7", "learner.temperature=1.0"])
+    assert load_config(None, ["model.temperature=0.7", "learner.temperature=0.7"]) \
+        .learner.temperature == 0.7
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    learner = Learner(tiny_model_path, tok, cfg.learner, Accelerator(cpu=True))
+    prompts = [tok(f"Corridor, segment {i} of 12.")["input_ids"] for i in range(4)]
+    out = HFEngine(learner.unwrapped, tok, "cpu").generate(
+        [Request(tuple(p), 8, 0.7, key=i) for i, p in enumerate(prompts)])
+    table = StepTable.from_tokens(prompts, [c.completion_ids for c in out],
+                                  [c.logprobs for c in out])
+    metrics = learner.update(table, np.asarray([1.0, -1.0, 0.5, -0.5]))
+    assert metrics["train/rollout_logprob_gap"] < 1e-5
+    assert metrics["train/is_ratio_max"] == pytest.approx(1.0, abs=1e-4)

@@ -200,7 +200,7 @@ def result(j, timeout=10):
     kind, *rest = j.events.get(timeout=timeout)
     while kind == "token":
         kind, *rest = j.events.get(timeout=timeout)
-    return kind, rest[0]
+    return kind, *rest
 
 
 def test_the_batcher_groups_by_model_bounds_rows_and_keeps_order():
@@ -217,9 +217,10 @@ def test_the_batcher_groups_by_model_bounds_rows_and_keeps_order():
         for j in jobs:
             b.submit(j)
         engine.hold.set()
-        assert first.events.get(timeout=10) == ("done", [("out", (1,))])  # no token events
-        assert result(jobs[0]) == ("done", [("out", (2,)), ("out", (3,))])
-        assert result(jobs[1]) == ("done", [("out", (4,))])
+        # no token events
+        assert first.events.get(timeout=10) == ("done", [("out", (1,))], "default")
+        assert result(jobs[0]) == ("done", [("out", (2,)), ("out", (3,))], "default")
+        assert result(jobs[1]) == ("done", [("out", (4,))], "default")
         assert result(jobs[3])[1] == [("out", (6,)), ("out", (7,)), ("out", (8,))]
         # 3 rows at most: [2, 3] with [4] (another model: its own call), then [5], then
         # [6, 7, 8], carried over whole
@@ -251,7 +252,7 @@ def test_the_batcher_refuses_a_full_queue_skips_cancelled_jobs_and_reports_error
         assert "1 requests are waiting; retry later" in err.value.message
         engine.hold.set()
         assert waiting.events.get(timeout=10) == ("token", 0, 7, -0.5, None)  # streamed
-        assert result(waiting) == ("done", [("out", (2,))])
+        assert result(waiting) == ("done", [("out", (2,))], "default")
         cancelled = job("base", 4)
         cancelled.cancelled = True
         engine.hold.clear()
@@ -302,7 +303,7 @@ def test_pausing_keeps_waits_for_or_aborts_the_work_as_asked():
         time.sleep(0.3)
         assert held.events.empty() and engine.batches == []
         weights.resume()
-        assert result(held) == ("done", [("out", (1,))]) and not weights.paused
+        assert result(held) == ("done", [("out", (1,))], "default") and not weights.paused
         engine.hold.clear()
         taken = job("base", 2)
         b.submit(taken)
@@ -338,7 +339,7 @@ def test_in_a_batch_only_streaming_jobs_get_token_events():
         b.submit(plain)
         b.submit(streamed)
         engine.hold.set()
-        assert plain.events.get(timeout=10) == ("done", [("out", (1,))])
+        assert plain.events.get(timeout=10) == ("done", [("out", (1,))], "default")
         assert streamed.events.get(timeout=10)[0] == "token"
         assert engine.batches[-1] == [(1,), (2,)]
     finally:

@@ -5,7 +5,7 @@ the collector's configuration (:class:`~gaca_agent.collect.collector.Collector` 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gaca_agent.generate.factory import EngineName
@@ -325,6 +325,7 @@ class TrainConfig:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if self.eval_every < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ValueError("need eval_every >= 0, checkpoint_every >= 0, keep_checkpoints >= 1")
+        tie_temperature(self)
         if self.model.engine == "server":
             check_server_setting(self)
         check_staleness(self)
@@ -337,6 +338,20 @@ class TrainConfig:
 SECTIONS = {"env": EnvSection, "model": ModelSection, "algo": AlgoSection,
             "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection,
             "cluster": ClusterSection}
+
+
+def tie_temperature(cfg: "TrainConfig") -> None:
+    """One sampling temperature: ``learner.temperature`` unset follows
+    ``model.temperature``; another value is refused (the learner would recompute the
+    log-probs of another distribution, every importance ratio off by their gap)."""
+    if (learner := cfg.learner.temperature) is None:
+        object.__setattr__(cfg, "learner", replace(cfg.learner,
+                                                   temperature=cfg.model.temperature))
+    elif learner != (rollout := cfg.model.temperature):
+        raise ValueError(f"learner.temperature {learner:g} is not model.temperature "
+                         f"{rollout:g}: the learner must recompute log-probs at the "
+                         "temperature the rollouts were sampled at; remove "
+                         "learner.temperature (it follows model.temperature)")
 
 
 def check_staleness(cfg: "TrainConfig") -> None:
@@ -356,6 +371,10 @@ def check_staleness(cfg: "TrainConfig") -> None:
     if cfg.learner.old_logprobs != "recompute":
         raise ValueError(f"max_staleness: {k} needs learner.old_logprobs: recompute (the "
                          "decoupled objective's proximal policy is the learner's own pass)")
+    if not cfg.learner.correction.weighted:
+        raise ValueError(f"max_staleness: {k} trains on rollouts sampled by older weights and "
+                         "needs an importance correction for them: add learner.tis_cap: 2 "
+                         "(or learner.is_mask: [0.5, 2], learner.is_geo_mask)")
 
 
 def check_server_setting(cfg: "TrainConfig") -> None:

@@ -40,6 +40,8 @@ class ProbeMismatch(RuntimeError):
 @dataclass(frozen=True)
 class ProbeResult:
     temperature: float
+    learner_temperature: float
+    """The temperature the learner scored at (the one its update recomputes at)."""
     tokens: int
     mean_gap: float
     max_gap: float
@@ -53,13 +55,18 @@ class ProbeResult:
                 f"{prefix}/seed_honoured": float(self.seed_honoured)}
 
 
-def probe(engine, score: Scorer, temperature: float, tokens: int = 16) -> ProbeResult:
-    """Sample the probe prompt on ``engine`` (a :class:`ServerEngine`) and compare."""
+def probe(engine, score: Scorer, temperature: float, tokens: int = 16,
+          learner_temperature: float | None = None) -> ProbeResult:
+    """Sample the probe prompt on ``engine`` (a :class:`ServerEngine`) at ``temperature``
+    and compare with the learner's log-probs at ``learner_temperature`` (default: the
+    same): the rollout probe passes the temperature the update recomputes at, so a
+    learner scoring another distribution than the one sampled shows as a gap."""
+    scored_at = temperature if learner_temperature is None else learner_temperature
     messages = [dict(m) for m in PROBE_MESSAGES]
     first = engine.complete(messages, tokens, temperature, key=PROBE_KEY)
     again = engine.complete(messages, tokens, temperature, key=PROBE_KEY)
     served = np.asarray(first.logprobs, dtype=np.float64)
-    mine = np.asarray(score(first.prompt_ids, first.completion_ids, temperature),
+    mine = np.asarray(score(first.prompt_ids, first.completion_ids, scored_at),
                       dtype=np.float64)
     gap = np.abs(served - mine)
     raw = None
@@ -67,8 +74,8 @@ def probe(engine, score: Scorer, temperature: float, tokens: int = 16) -> ProbeR
         at_one = np.asarray(score(first.prompt_ids, first.completion_ids, 1.0),
                             dtype=np.float64)
         raw = float(np.abs(served - at_one).mean())
-    return ProbeResult(float(temperature), len(served), float(gap.mean()), float(gap.max()),
-                       raw, first.completion_ids == again.completion_ids)
+    return ProbeResult(float(temperature), float(scored_at), len(served), float(gap.mean()),
+                       float(gap.max()), raw, first.completion_ids == again.completion_ids)
 
 
 def check(result: ProbeResult, tolerance: float, kind: str) -> None:
@@ -81,6 +88,11 @@ def check(result: ProbeResult, tolerance: float, kind: str) -> None:
             f"{result.tokens} tokens at temperature {result.temperature:g}; "
             f"server.probe_tolerance {tolerance:g}): its rollouts do not come from the "
             "policy being trained.")
+    if abs(result.learner_temperature - result.temperature) > 1e-6:
+        raise ProbeMismatch(f"{head} The learner recomputes log-probs at temperature "
+                            f"{result.learner_temperature:g}, not at the rollouts' "
+                            f"{result.temperature:g}: one temperature for both "
+                            "(model.temperature; leave learner.temperature unset).")
     if result.raw_gap is not None and result.raw_gap < result.mean_gap / 2:
         cause = ("They match the learner's at temperature 1: the server reports log-probs "
                  "before the temperature. " +

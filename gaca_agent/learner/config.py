@@ -43,8 +43,10 @@ class LearnerConfig:
     """Step rows per optimizer step over the whole (all-rank) batch: steps per epoch =
     ceil(rows / mini_batch_rows) (verl-agent: 256 ALFWorld, 64 WebShop)."""
     ppo_epochs: int = 1
-    temperature: float = 1.0
-    """The sampling temperature: log-probs are recomputed at it."""
+    temperature: float | None = None
+    """The temperature the rollouts were sampled at: log-probs are recomputed at it
+    (<= 0, greedy decoding, and None: 1, the temperature-1 log-probs greedy rollouts
+    record). ``gaca-train`` sets it from ``model.temperature`` and refuses another value."""
     old_logprobs: OldLogprobs = "rollout"
     """``rollout``: the engine's sampled log-probs; ``recompute``: a teacher-forced pass by
     the learner before the update (as verl; use it when rollout kernels differ)."""
@@ -104,6 +106,13 @@ class LearnerConfig:
             raise ValueError("need lr > 0, weight_decay >= 0 and max_grad_norm > 0")
         if self.kl_coef < 0 or self.entropy_coef < 0 or self.lora_r < 0 or self.warmup_steps < 0:
             raise ValueError("kl_coef, entropy_coef, lora_r and warmup_steps must be >= 0")
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature log-probs are computed at (:attr:`temperature`, 1 when unset
+        or greedy)."""
+        t = self.temperature
+        return t if t is not None and t > 0 else 1.0
 
     @property
     def correction(self):

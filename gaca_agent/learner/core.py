@@ -150,11 +150,12 @@ class Learner:
         with self.autocast():
             return forward_token_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                           batch["positions"], batch["targets"],
-                                          self.config.temperature, with_entropy)
+                                          self.config.scoring_temperature, with_entropy)
 
-    def score(self, prompt_ids, completion_ids, temperature: float) -> np.ndarray:
-        """The current policy's log-probs of one completion at ``temperature`` (the
-        inference-server probe). Under FSDP2 call it inside :meth:`rollout_context`."""
+    def score(self, prompt_ids, completion_ids, temperature: float | None = None) -> np.ndarray:
+        """The current policy's log-probs of one completion at ``temperature`` (None: where
+        the update recomputes; the server probe). Under FSDP2: in :meth:`rollout_context`."""
+        temperature = self.config.scoring_temperature if temperature is None else temperature
         from gaca_agent.steps import StepTable
 
         one = with_advantages(StepTable.from_tokens([prompt_ids], [completion_ids],

@@ -63,7 +63,8 @@ class ChatModel:
         self.adapters = Adapters(self.engine, name)
         self.weights = Weights(self.engine, self.adapters)
         self.batcher = Batcher(self.engine, self.adapters, max_queue, max_batch,
-                               running=self.weights.running)
+                               running=self.weights.running,
+                               label=lambda: self.weights.version)
         self.receiver = Receiver(self.weights, self.device)
         self._tokenize_lock = threading.Lock()
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)

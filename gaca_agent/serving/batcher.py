@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gaca_agent.generate.engines import Request
 from gaca_agent.serving.protocol import APIError
@@ -26,14 +26,19 @@ class Job:
     stream: bool = False
     events: queue.Queue = field(default_factory=queue.Queue)
     """``("token", choice, token_id, logprob, top)`` while sampling (streamed jobs), then
-    ``("done", completions)`` or ``("error", exception)``."""
+    ``("done", completions, version)`` (the weight label in force while the batch ran) or
+    ``("error", exception)``."""
     cancelled: bool = False
 
 
 class Batcher:
     def __init__(self, engine, adapters, max_queue: int = 64, max_rows: int = 64,
-                 running: threading.Event | None = None) -> None:
+                 running: threading.Event | None = None,
+                 label: Callable[[], str] = lambda: "default") -> None:
         self.engine, self.adapters = engine, adapters
+        self.label = label
+        """The served weights' version label; read while the batch holds the weights, so
+        an answer carries the version that generated it, not the one it arrived under."""
         self.running = running or threading.Event()
         """No batch starts while it is clear (generation paused)."""
         if running is None:
@@ -140,7 +145,8 @@ class Batcher:
         try:
             if not requests:
                 return
-            with self.adapters.use(model):
+            with self.adapters.use(model):  # weights are replaced only between batches
+                version = self.label()
                 streaming = any(j.stream for j in live)
                 out = self.engine.generate(requests, on_step=on_step if streaming else None)
         except BaseException as err:  # answered to the waiting requests, not lost
@@ -151,7 +157,7 @@ class Batcher:
             return
         at = 0
         for job in live:
-            job.events.put(("done", out[at:at + len(job.requests)]))
+            job.events.put(("done", out[at:at + len(job.requests)], version))
             at += len(job.requests)
 
 

@@ -241,12 +241,10 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
             raise APIError(400, "give model_path", "model_path")
         try:
-            self.model.weights.reload(body["model_path"])
+            self.model.weights.reload(body["model_path"], body.get("weight_version"))
         except APIError as err:
             return self._send(400, {"success": False, "message": err.message,
                                     "num_paused_requests": 0})
-        if body.get("weight_version") is not None:
-            self.model.weights.set_version(body["weight_version"])
         self._send(200, {"success": True, "message": "Succeeded to update model weights.",
                          "num_paused_requests": 0})
 
@@ -265,7 +263,6 @@ class Handler(BaseHTTPRequestHandler):
         if self.model.weights.paused and self.model.weights.refusing:
             raise APIError(503, "generation is paused (POST /resume)")
         served = self.model.adapters.resolve(params.model)
-        version = self.model.weights.version
         job = Job(served, self.model.requests(params), params.stream)
         t0 = time.perf_counter()
         self.model.batcher.submit(job)
@@ -281,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
             raise APIError(503, "generation timed out") from None
         if kind == "error":
             raise as_api_error(rest[0])
-        response = self.model.response(params, rest[0], version)
+        response = self.model.response(params, *rest)  # completions, their version
         usage = response.get("usage") or {}
         log.info("chat %s: %s prompt + %s completion tokens in %.2f s", response.get("id"),
                  usage.get("prompt_tokens"), usage.get("completion_tokens"),

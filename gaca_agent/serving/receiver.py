@@ -69,9 +69,7 @@ class Receiver:
             except Exception as err:
                 raise APIError(400, f"receiving the weights failed: {type(err).__name__}: "
                                     f"{err}", "names") from err
-            self.weights.load(named, locked=True)
-            if body.get("weight_version") is not None:
-                self.weights.set_version(body["weight_version"])
+            self.weights.load(named, locked=True, version=body.get("weight_version"))
 
     def _receive(self, group, names, dtypes, shapes, flattened: bool, broadcast, unflatten):
         """The bucket's named tensors; a tensor that matches a served one (name, dtype,

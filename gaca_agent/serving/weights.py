@@ -58,9 +58,10 @@ class Weights:
         self.refusing = False
         self.running.set()
 
-    def reload(self, path: str) -> None:
+    def reload(self, path: str, version: str | None = None) -> None:
         """Load the safetensors under ``path`` into the base model (400 when they do not
-        fit it; the served weights are then unchanged)."""
+        fit it; the served weights are then unchanged), labelled ``version`` when given
+        (in the same step: no batch runs between the weights and their label)."""
         from safetensors.torch import load_file
 
         files = sorted(Path(path).glob("*.safetensors"))
@@ -69,7 +70,7 @@ class Weights:
         state: dict = {}
         for f in files:
             state.update(load_file(str(f)))
-        self.load(state.items(), "weights_path")
+        self.load(state.items(), "weights_path", version=version)
 
     @contextlib.contextmanager
     def replacing(self, param: str = "names"):
@@ -81,12 +82,16 @@ class Weights:
                                     "loaded; unload them first", param)
             yield
 
-    def load(self, named, param: str = "names", locked: bool = False) -> None:
+    def load(self, named, param: str = "names", locked: bool = False,
+             version: str | None = None) -> None:
         """Copy named tensors into the base model (cast to its dtype), between two
         batches; 400 naming the first that does not fit (nothing is changed then).
-        ``locked``: the caller is inside :meth:`replacing` already."""
+        ``locked``: the caller is inside :meth:`replacing` already; ``version``: the new
+        weights' label, set before the next batch can start."""
         import torch
 
+        if version is not None:
+            check_version(version)
         named = list(named)
         with contextlib.nullcontext() if locked else self.replacing(param):
             own = self.engine.model.state_dict()
@@ -97,6 +102,8 @@ class Weights:
             with torch.no_grad():
                 for k, v in named:
                     own[k].copy_(v.to(own[k].dtype))
+            if version is not None:
+                self.version = version
 
     def checksums(self) -> dict[str, str]:
         """sha256 of each served tensor's bytes (vLLM's ``/weight_checker``)."""
@@ -111,6 +118,10 @@ class Weights:
                     for k, v in state.items()}
 
     def set_version(self, version) -> None:
-        if not isinstance(version, str) or not version:
-            raise APIError(400, "new_version must be a non-empty string", "new_version")
-        self.version = version
+        self.version = check_version(version)
+
+
+def check_version(version) -> str:
+    if not isinstance(version, str) or not version:
+        raise APIError(400, "new_version must be a non-empty string", "new_version")
+    return version

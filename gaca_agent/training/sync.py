@@ -153,7 +153,10 @@ class WeightSync:
         from gaca_agent.generate.probe import check, probe
 
         def probed(engine, _):
-            results = [(tag, probe(engine, self.learner.score, t, self.server.probe_tokens))
+            # the rollout probe scores where the update does (learner.temperature)
+            results = [(tag, probe(engine, self.learner.score, t, self.server.probe_tokens,
+                                   self.learner.config.scoring_temperature
+                                   if tag == "probe" else None))
                        for tag, t in self.temperatures]
             for _, result in results:
                 check(result, self.server.probe_tolerance, engine.kind)
