@@ -18,7 +18,8 @@ MARK = 0
 
 
 class Stall(gym.Env):
-    def __init__(self) -> None:
+    def __init__(self, build_s: float = 0.0) -> None:
+        time.sleep(build_s)  # a slow start (``build_s``): imports, loading games
         self.observation_space = self.action_space = TextSpace(100)
 
     def reset(self, *, seed=None, options=None):

@@ -9,6 +9,7 @@ import math
 import multiprocessing as mp
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -131,6 +132,18 @@ def test_recycling_waits_and_is_not_counted_as_a_restart():
         pool.call("reset", [(0, (0, None)), (1, (0, None))])
         assert pool.draining(0) and pool.draining(1)
         assert pool.recycle_idle(set()) == 2 and pool.recycles == 3  # both, counted
+
+
+def test_a_new_workers_start_up_is_not_a_stall():
+    """A worker process whose env takes longer to build than a step may take (a loaded
+    machine, ALFWorld's games) answers its first reset; once it has answered, a step
+    that stalls past ``timeout_s`` fails it as before."""
+    with EnvPool(STALL, {"build_s": 3.0}, num_envs=1, num_workers=1, timeout_s=1) as pool:
+        assert pool.call("reset", [(0, (0, None))])[0][0] == "ready"
+        assert pool.restarts == 0
+        t0 = time.monotonic()
+        assert isinstance(pool.call("step", [(0, "stall")])[0], WorkerFailure)
+        assert time.monotonic() - t0 < 30 and pool.restarts == 1
 
 
 def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():

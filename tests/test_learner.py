@@ -453,3 +453,42 @@ def test_the_learner_recomputes_at_the_temperature_the_rollouts_sampled(tiny_mod
     metrics = learner.update(table, np.asarray([1.0, -1.0, 0.5, -0.5]))
     assert metrics["train/rollout_logprob_gap"] < 1e-5
     assert metrics["train/is_ratio_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_bf16_on_a_cpu_rolls_out_on_a_fresh_bf16_copy_within_the_tolerance(tiny_model_path):
+    """learner.bf16 on a CPU: masters stay fp32, rollouts generate with a bf16 copy that
+    each rollout context refreshes from them, and the rollout's log-probs match both the
+    bf16 learner's recomputation and an fp32 pass within 0.05 nats a token on average
+    (docs/benchmarks.md: SmolLM2-135M measured 0.04), also after an update."""
+    import numpy as np
+
+    from gaca_agent.generate.engines import HFEngine, Request
+    from gaca_agent.steps import StepTable
+
+    learner, tok = make_learner(tiny_model_path, bf16=True, kl_coef=0.0, lr=0.05,
+                                old_logprobs="recompute")
+    fp32, _ = make_learner(tiny_model_path, kl_coef=0.0)
+    assert learner.rollout_model.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in learner.unwrapped.parameters())
+    prompts = [tok(f"Corridor, segment {i} of 12.")["input_ids"] for i in range(4)]
+
+    def roll():
+        with learner.rollout_context():
+            out = HFEngine(learner.rollout_model, tok, "cpu").generate(
+                [Request(tuple(p), 8, 1.0, key=i) for i, p in enumerate(prompts)])
+        return StepTable.from_tokens(prompts, [c.completion_ids for c in out],
+                                     [c.logprobs for c in out]), out
+
+    def gap(scorer, out):
+        return np.mean(np.concatenate([
+            np.abs(np.asarray(c.logprobs) - scorer.score(p, c.completion_ids))
+            for p, c in zip(prompts, out)]))
+
+    table, out = roll()
+    assert gap(learner, out) < 0.05 and gap(fp32, out) < 0.05
+    for _ in range(3):  # the weights move well past bf16's rounding
+        learner.update(table, np.asarray([1.0, -1.0, 1.0, -1.0]))
+    table, out = roll()  # a stale copy would sample from the old weights
+    assert gap(learner, out) < 0.05
+    metrics = learner.update(table, np.asarray([1.0, -1.0, 1.0, -1.0]))
+    assert metrics["train/rollout_logprob_gap"] < 0.05

@@ -134,6 +134,7 @@ class HostPool:
         self.recycle_after, self.timeout_s = recycle_after, timeout_s
         self._resets = [0] * self.num_workers
         self._lost: set[int] = set()  # slots whose env went with a replaced worker
+        self._fresh: set[int] = set()  # hosts started that have not answered yet
         self.restarts = 0
         self.recycles = 0
         self.expert = False  # local envs answer expert calls whenever asked
@@ -156,6 +157,7 @@ class HostPool:
     def _restart(self, w: int) -> None:
         self._stop(w)
         self._start(w)
+        self._fresh.add(w)
         self._resets[w] = 0
         self.restarts += 1
 
@@ -206,6 +208,7 @@ class HostPool:
                     results[i * self.num_workers + w] = WorkerFailure(
                         f"env worker {w} died or stopped answering; restarted", lost=True)
                 continue
+            self._fresh.discard(w)
             if cmd == "reset":
                 self._resets[w] += len(local)
             for i, answer in answers:
@@ -217,6 +220,11 @@ class HostPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+STARTUP_GRACE_S = 120.0
+"""Added to ``timeout_s`` for a worker process's first answer: starting a process on a
+loaded machine can take longer than a step may."""
 
 
 class EnvPool(HostPool):
@@ -233,6 +241,7 @@ class EnvPool(HostPool):
         self._conns: list[Any] = [None] * self.num_workers
         for w in range(self.num_workers):
             self._start(w)
+        self._fresh = set(range(self.num_workers))
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
@@ -258,8 +267,10 @@ class EnvPool(HostPool):
 
     def _receive(self, w: int):
         conn = self._conns[w]
+        # a new process's first answer also holds its start-up (imports, the env's build)
+        grace = STARTUP_GRACE_S if w in self._fresh else 0.0
         try:
-            if not conn.poll(self.timeout_s):
+            if not conn.poll(self.timeout_s + grace):
                 return None
             return conn.recv()
         except (EOFError, OSError):

@@ -5,7 +5,7 @@ the collector's configuration (:class:`~gaca_agent.collect.collector.Collector` 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gaca_agent.generate.factory import EngineName
@@ -192,16 +192,26 @@ class AlgoSection:
 @dataclass(frozen=True)
 class WarmupSection:
     bc_steps: int = 0
-    """Behaviour-cloning steps on transcripts of random admissible actions: teaches the
-    response format only (no success signal). 0 skips the warm-up."""
+    """Behaviour-cloning steps on transcripts of ``source``'s episodes, each step's prompt
+    exactly as RL builds it (chat template, history) and its action as the response. 0
+    skips the warm-up."""
+    source: Literal["random", "expert"] = "random"
+    """``random``: uniform admissible actions, the response format only (no success
+    signal); ``expert``: the env's expert (ALFWorld's planner, ScienceWorld's gold path,
+    TextWorld's walkthrough, WebShop's expert): supervised fine-tuning on its trajectories."""
     bc_batch: int = 16
     bc_lr: float = 3e-3
     bc_episodes: int = 64
+    eval_before: bool = False
+    """Also evaluate on the held-out episodes before the warm-up (``eval_before/*`` in the
+    warm-up's metrics row): zero-shot, after the warm-up and after RL from one run."""
 
     def __post_init__(self) -> None:
         if self.bc_steps < 0 or self.bc_batch < 1 or self.bc_episodes < 1 or self.bc_lr <= 0:
             raise ValueError("need warmup.bc_steps >= 0, warmup.bc_batch >= 1, "
                              "warmup.bc_episodes >= 1 and warmup.bc_lr > 0")
+        if self.source not in ("random", "expert"):
+            raise ValueError(f"warmup.source must be random or expert, got {self.source!r}")
 
 
 @dataclass(frozen=True)
@@ -317,6 +327,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from gaca_agent.advantages import make_config
 
+        from gaca_agent.config.rules import check_server_setting, check_staleness, tie_temperature
+
         make_config(self.algo.estimator, **self.algo.params)  # validates name and params
         if not _NAME_RE.match(self.name) or ".." in self.name:
             raise ValueError(f"name must be a plain folder name (letters, digits, '_', '-', "
@@ -338,63 +350,3 @@ class TrainConfig:
 SECTIONS = {"env": EnvSection, "model": ModelSection, "algo": AlgoSection,
             "learner": LearnerConfig, "warmup": WarmupSection, "server": ServerSection,
             "cluster": ClusterSection}
-
-
-def tie_temperature(cfg: "TrainConfig") -> None:
-    """One sampling temperature: ``learner.temperature`` unset follows
-    ``model.temperature``; another value is refused (the learner would recompute the
-    log-probs of another distribution, every importance ratio off by their gap)."""
-    if (learner := cfg.learner.temperature) is None:
-        object.__setattr__(cfg, "learner", replace(cfg.learner,
-                                                   temperature=cfg.model.temperature))
-    elif learner != (rollout := cfg.model.temperature):
-        raise ValueError(f"learner.temperature {learner:g} is not model.temperature "
-                         f"{rollout:g}: the learner must recompute log-probs at the "
-                         "temperature the rollouts were sampled at; remove "
-                         "learner.temperature (it follows model.temperature)")
-
-
-def check_staleness(cfg: "TrainConfig") -> None:
-    """What ``max_staleness`` >= 1 needs, each refusal in one line."""
-    k = cfg.max_staleness
-    if k < 0:
-        raise ValueError(f"max_staleness must be >= 0 (0: lock-step), got {k}")
-    if k == 0:
-        if cfg.partial_rollouts:
-            raise ValueError("partial_rollouts needs max_staleness >= 1 (asynchronous "
-                             "training)")
-        return
-    if cfg.model.engine != "server":
-        raise ValueError(f"max_staleness: {k} needs model.engine: server (rollouts on an "
-                         "inference server while the learner trains), got model.engine: "
-                         f"{cfg.model.engine}")
-    if cfg.learner.old_logprobs != "recompute":
-        raise ValueError(f"max_staleness: {k} needs learner.old_logprobs: recompute (the "
-                         "decoupled objective's proximal policy is the learner's own pass)")
-    if not cfg.learner.correction.weighted:
-        raise ValueError(f"max_staleness: {k} trains on rollouts sampled by older weights and "
-                         "needs an importance correction for them: add learner.tis_cap: 2 "
-                         "(or learner.is_mask: [0.5, 2], learner.is_geo_mask)")
-
-
-def check_server_setting(cfg: "TrainConfig") -> None:
-    """What ``model.engine: server`` needs, each refusal saying why."""
-    if not (cfg.server.base_url or cfg.cluster.servers) or not cfg.server.model:
-        raise ValueError("model.engine: server needs server.base_url (the API root, e.g. "
-                         "http://127.0.0.1:8000/v1; or cluster.servers: N started by Ray) "
-                         "and server.model (the base model's served name)")
-    if cfg.cluster.servers and (cfg.server.base_url or cfg.server.replicas):
-        raise ValueError("cluster.servers starts the inference servers itself: leave "
-                         "server.base_url and server.replicas empty (or set cluster.servers: 0)")
-    if cfg.learner.old_logprobs != "recompute":
-        raise ValueError(
-            "model.engine: server needs learner.old_logprobs: recompute: the server's "
-            "log-probs come from other kernels than the learner's, so the learner recomputes "
-            "its own (add learner.tis_cap to also correct for the difference)")
-    if cfg.server.weight_transfer == "broadcast" and cfg.learner.lora_r > 0:
-        raise ValueError("server.weight_transfer: broadcast is for full fine-tuning (LoRA "
-                         "adapters are small and go through disk); set learner.lora_r: 0 "
-                         "or server.weight_transfer: disk")
-    if cfg.model.max_prompt_tokens is not None:
-        raise ValueError("model.max_prompt_tokens cannot apply with model.engine: server (the "
-                         "server builds the prompt's tokens); set the server's context instead")

@@ -46,8 +46,9 @@ from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_row
                                       with_advantages)
 from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
-from gaca_agent.learner.fsdp import clip_grad_norm, fsdp_modules, full_state, shard
+from gaca_agent.learner.fsdp import clip_grad_norm, full_state, shard
 from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss
+from gaca_agent.learner.rollouts import RolloutCopy, rollout_context, wanted
 
 class Learner:
     """PPO-clip learner over a transformers causal LM, distributed with accelerate."""
@@ -98,6 +99,14 @@ class Learner:
                 model, optimizer, scheduler)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.steps = 0
+        self.rollout_copy = RolloutCopy(self.unwrapped) if wanted(
+            config.bf16, self.sharded, self.accelerator.device) else None
+
+    @property
+    def rollout_model(self):
+        """What rollouts generate with, inside :meth:`rollout_context`: the policy, or
+        its bf16 copy on a CPU (:mod:`gaca_agent.learner.rollout_copy`)."""
+        return self.unwrapped if self.rollout_copy is None else self.rollout_copy.model
 
     @property
     def unwrapped(self):
@@ -109,25 +118,10 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16)
 
-    @contextlib.contextmanager
     def rollout_context(self):
-        """Around generation with :attr:`unwrapped`: under FSDP2, every rank gathers the
-        full parameters once (forwards then run without collectives, so ranks may generate
-        different numbers of tokens), then reshards; bf16 autocast when configured."""
-        if not self.sharded:
-            with self.autocast():
-                yield
-            return
-        modules = fsdp_modules(self.model)
-        for m in modules:
-            m.unshard()
-            m.set_reshard_after_forward(False, recurse=False)
-        try:
-            yield
-        finally:
-            for m in modules:
-                m.set_reshard_after_forward(True, recurse=False)
-                m.reshard()
+        """Around generation with :attr:`rollout_model` (:func:`gaca_agent.learner.rollouts.
+        rollout_context`: FSDP2's gathered parameters, autocast or the bf16 copy)."""
+        return rollout_context(self)
 
     def set_reference(self) -> None:
         """Make the current policy the KL reference (after the warm-up)."""

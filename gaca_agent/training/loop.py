@@ -263,23 +263,29 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
 
 
 def _warmup(run: Run) -> None:
-    """Format-only behaviour cloning; the warmed-up policy becomes the KL reference and is
-    saved in ``reference/`` so that a resumed run keeps it."""
+    """Behaviour cloning on random (the format) or expert transcripts; the warmed-up
+    policy becomes the KL reference and is saved in ``reference/`` so that a resumed run
+    keeps it."""
     from gaca_agent.learner.warmup import behaviour_clone, transcripts
     from gaca_agent.policies import make_policy
 
     cfg, learner, tokenizer, collector = run.cfg, run.learner, run.tokenizer, run.collector
-    n_train, sync, run_dir = run.n_train, run.sync, run.run_dir
+    n_train, sync, run_dir, w = run.n_train, run.sync, run.run_dir, cfg.warmup
     acc = learner.accelerator
     metrics: dict[str, Any] = {}
-    if cfg.warmup.bc_steps > 0:
-        n = cfg.warmup.bc_episodes
-        tasks = [(i % (n_train or n), 50_000 + i) for i in range(n)]
-        rollout = collector.run(make_policy("random", seed=cfg.seed), tasks, 1)
+    if w.eval_before and cfg.eval_every:
+        before = held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
+        metrics.update({k.replace("eval/", "eval_before/"): v for k, v in before.items()})
+    if w.bc_steps > 0:
+        tasks = [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
+        rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
-        metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, cfg.warmup.bc_steps,
-                                       cfg.warmup.bc_batch, cfg.warmup.bc_lr, cfg.seed,
-                                       acc.device))
+        with learner.autocast():  # learner.bf16: the warm-up's passes in bf16 too
+            metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, w.bc_steps,
+                                           w.bc_batch, w.bc_lr, cfg.seed, acc.device))
+        if w.source == "expert":  # how often the transcripts' expert won
+            metrics["warmup/expert_success"] = rollout_metrics(rollout_sums(rollout))[
+                "rollout/success"]
         learner.set_reference()
         learner.save_reference(run_dir / "reference")
     if sync is not None:

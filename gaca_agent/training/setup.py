@@ -37,7 +37,7 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
     if m.engine != "server":
         from gaca_agent.policies.hf import HFPolicy
 
-        return (*(HFPolicy(learner.unwrapped, tokenizer, t, m.max_new_tokens,
+        return (*(HFPolicy(learner.rollout_model, tokenizer, t, m.max_new_tokens,
                            e.history_length, e.template_file,
                            device=learner.accelerator.device,
                            max_prompt_tokens=m.max_prompt_tokens, engine=m.engine)

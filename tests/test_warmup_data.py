@@ -1,0 +1,126 @@
+"""The expert warm-up's data on every suite: each transcript pair is the prompt RL builds
+for that turn (the policy's own chat-templated prompt ids, history included) and the
+expert's action in the response format; and ``warmup.source: expert`` in a run."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import alfworld_data_or_skip, has_module
+
+pytestmark = pytest.mark.skipif(not has_module("torch"), reason="needs torch")
+
+
+class RecordingExpert:
+    """The expert policy, keeping every turn it was shown (with its expert action)."""
+
+    needs_expert = True
+
+    def __init__(self) -> None:
+        from gaca_agent.policies.scripted import ExpertPolicy
+
+        self.expert, self.turns = ExpertPolicy(), []
+
+    def act(self, turns):
+        self.turns += list(turns)
+        return self.expert.act(turns)
+
+
+def suite(name, request):
+    """(env id, env kwargs) of one suite, or a skip naming what is missing."""
+    if name == "alfworld":
+        return "gaca/ALFWorld-v0", {"split": "valid_seen", "data_dir": alfworld_data_or_skip()}
+    if name == "textworld":
+        game = request.getfixturevalue("tiny_textworld_game")
+        return "gaca/TextWorld-v0", {"game": game}
+    if name == "scienceworld":
+        import shutil
+
+        if not has_module("scienceworld") or shutil.which("java") is None:
+            pytest.skip("needs scienceworld and Java (pip install -e '.[scienceworld]')")
+        return "gaca/ScienceWorld-v0", {"split": "test", "task_types": "boil",
+                                        "max_episode_steps": 12}
+    if not has_module("bm25s"):
+        pytest.skip("needs the webshop extra (pip install -e '.[webshop]')")
+    return "gaca/WebShop-v0", {"split": "test"}
+
+
+@pytest.mark.parametrize("name", ["alfworld", "textworld", "scienceworld", "webshop"])
+def test_expert_transcripts_are_the_rl_prompt_and_the_experts_action(name, request,
+                                                                     tiny_model_path):
+    from transformers import AutoTokenizer
+
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.config import EnvSection
+    from gaca_agent.generate.prompts import format_response
+    from gaca_agent.learner.warmup import transcripts
+    from gaca_agent.policies.hf import HFPolicy
+
+    env_id, kwargs = suite(name, request)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    collector = Collector(EnvSection(id=env_id, kwargs=kwargs, workers=0, history_length=2))
+    expert = RecordingExpert()
+    try:
+        second = 0 if name == "textworld" else 1  # one TextWorld game: two episodes of it
+        rollout = collector.run(expert, [(0, 1), (second, 2)], 1)
+    finally:
+        collector.close()
+    pairs = transcripts(rollout, env_id, collector.family, collector.prompts, tokenizer)
+    rl = HFPolicy(tiny_model_path, tokenizer, history_length=2)  # RL's prompt for a turn
+    by_step = sorted(expert.turns, key=lambda t: (t.episode, t.step))
+    assert len(pairs) == len(by_step) == len(rollout.table) >= 2
+    for (prompt, response), turn in zip(pairs, by_step):
+        assert turn.expert_action  # every turn had the expert's action
+        assert tuple(prompt) == rl.prompt_ids(turn)
+        assert tokenizer.decode(response) == format_response(turn.expert_action) + \
+            tokenizer.eos_token
+    assert any(t.step >= 2 and len(t.history) >= 2 for t in by_step) or \
+        max(t.step for t in by_step) < 2  # histories are in the prompts when episodes run on
+    if name != "scienceworld":  # its episodes are cut at 12 steps here
+        assert all(ep.won for ep in rollout.episodes)
+
+
+def test_a_run_warms_up_on_the_expert_and_evaluates_before_and_after(tmp_path):
+    """``warmup.source: expert`` with ``warmup.eval_before``: the warm-up row has the
+    zero-shot evaluation, the expert's success on its transcripts (1 on Diag) and the
+    evaluation after it; cloning the expert raises held-out success."""
+    import json
+
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+
+    cfg = load_config("gaca_agent/configs/default.yaml", [
+        "iterations=1", "eval_every=1", "checkpoint_every=0", "env.groups=2",
+        "env.group_size=2", "env.workers=0", "warmup.source=expert", "warmup.eval_before=true",
+        "warmup.bc_steps=60", "warmup.bc_episodes=16", "env.eval_episodes=16",
+        f"out_dir={tmp_path}", "name=expert", "keep_rollouts=false"])
+    run = train(cfg, progress=False)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if r["iteration"] == -1)
+    assert warm["warmup/expert_success"] == 1.0
+    assert warm["eval/success"] > warm["eval_before/success"] + 0.3
+
+
+@pytest.mark.slow  # a JVM, ALFWorld's games and WebShop's index, one iteration each
+@pytest.mark.parametrize("name", ["alfworld", "webshop", "scienceworld"])
+def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_path):
+    """Each suite's SmolLM2 CPU config, shrunk to one iteration of one group and with the
+    tiny model of SmolLM2's architecture (Llama): zero-shot, warm-up on the expert, RL and
+    the final evaluation all run, in bf16 with fp32 masters."""
+    import json
+
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+
+    suite(name, request)  # skips when the suite's package or data is missing
+    cfg = load_config(f"gaca_agent/configs/cpu_lm/{name}.yaml", [
+        "model.path=tiny", "iterations=1", "eval_every=1", "env.groups=1", "env.group_size=2",
+        "env.eval_episodes=2", "env.workers=0", "warmup.bc_steps=2", "warmup.bc_batch=2",
+        "warmup.bc_episodes=2", f"out_dir={tmp_path}"])
+    assert cfg.learner.bf16 and cfg.warmup.source == "expert" and cfg.warmup.eval_before
+    run = train(cfg, progress=False)
+    rows = {r["iteration"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text()
+                                           .splitlines())}
+    assert {"eval_before/success", "eval/success", "warmup/expert_success"} <= set(rows[-1])
+    assert "eval/success" in rows[0] and rows[0]["train/rollout_logprob_gap"] < 0.05
+    assert json.loads((run / "final_eval" / "results.json").read_text())["n"] == 2
