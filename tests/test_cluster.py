@@ -83,8 +83,27 @@ def test_an_actors_request_is_what_the_section_asks():
                                     "max_restarts": 0}
 
 
+def test_a_request_is_checked_against_the_nodes_before_anything_starts():
+    """A request no node holds, or requests that add up past the cluster, are one line."""
+    from gaca_agent.cluster.fit import fit_problem
+
+    nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0, "webshop_index": 4.0}]
+    assert fit_problem([{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0}], nodes, "x") is None
+    assert fit_problem([{"CPU": 1.0, "GPU": 0.0}] * 6, nodes, "x") is None
+    assert fit_problem([{"CPU": 1.0, "GPU": 2.0}], nodes, "2 ranks") == \
+        ("2 ranks: no node has {'CPU': 1.0, 'GPU': 2.0} (the nodes have "
+         "[{'CPU': 4.0, 'GPU': 1.0}, {'CPU': 2.0, 'GPU': 0.0}])")
+    assert fit_problem([{"CPU": 2.5}] * 3, nodes, "3 actors") == \
+        "3 actors: 3 of them ask for 7.5 CPU in all; the cluster has 6"
+    assert "no node has {'CPU': 3.0, 'webshop_index': 1.0}" in \
+        fit_problem([{"CPU": 3.0, "webshop_index": 1.0}], nodes, "x")
+
+
 def test_env_actors_the_cluster_has_no_room_for_stop_the_run_with_what_they_asked():
-    """Not a wait of env.timeout_s per call, forever: one error naming the request."""
+    """Not a wait of env.timeout_s per call, forever: requests past what the nodes hold
+    are one error at once, naming them; room taken by others is waited for timeout_s."""
+    import time
+
     import ray
 
     from gaca_agent.cluster.ray_pool import RayPool
@@ -93,9 +112,18 @@ def test_env_actors_the_cluster_has_no_room_for_stop_the_run_with_what_they_aske
              include_dashboard=False, log_to_driver=False)
     try:
         spec = ClusterSection(backend="ray", env_cpus=0.75, env_memory_mb=16)
-        with pytest.raises(RuntimeError, match=r"1 of 2 env actors asking for 0.75 CPU, 16 MB "
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"cannot place 2 env actors: 2 of them ask for "
+                                               r"1.5 CPU in all; the cluster has 1 \(lower"):
+            RayPool(CORRIDOR, {"split": "test"}, 2, 2, spec, timeout_s=300)
+        assert time.monotonic() - t0 < 60
+        # room another job holds: the requests fit the nodes, so they wait, timeout_s
+        busy = ray.remote(num_cpus=0.5)(type("Busy", (), {"ping": lambda self: 1})).remote()
+        ray.get(busy.ping.remote())
+        with pytest.raises(RuntimeError, match=r"of 2 env actors asking for 0.3 CPU, 16 MB "
                                                r"and \{\} each were not placed within 3 s"):
-            RayPool(CORRIDOR, {"split": "test"}, 2, 2, spec, timeout_s=3)
+            RayPool(CORRIDOR, {"split": "test"}, 2, 2,
+                    ClusterSection(backend="ray", env_cpus=0.3, env_memory_mb=16), timeout_s=3)
     finally:
         ray.shutdown()
 
@@ -292,3 +320,28 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     assert set(after[-10:]) == {survivor}
     rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
     assert sorted(rows) == [-1, 0, 1, 2]
+
+
+@pytest.mark.skipif(not has_module("torch"), reason="needs torch (gaca-serve)")
+def test_a_started_servers_key_is_in_its_environment_not_its_command_line(tiny_model_path):
+    """The key made for a run's servers reaches each server by its environment (any user
+    of the node can read a command line): gaca-serve then refuses requests without it."""
+    import urllib.error
+    import urllib.request
+
+    from gaca_agent.cluster.servers import ServerActor
+
+    actor = ServerActor("gaca-serve {model} --name {name} --host {host} --port {port}",
+                        {"model": tiny_model_path, "name": "tiny", "api_key": "k3y-s3cret"},
+                        600)
+    try:
+        assert "k3y-s3cret" not in " ".join(actor.proc.args)
+        request = urllib.request.Request(actor.url() + "/models")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=60)
+        assert err.value.code == 401
+        request.add_header("Authorization", "Bearer k3y-s3cret")
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert answer.status == 200
+    finally:
+        actor.stop()

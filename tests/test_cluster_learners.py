@@ -43,11 +43,24 @@ def metrics(run_dir: Path) -> dict[int, dict]:
             for r in rows}
 
 
+def test_gpu_ids_are_strings_in_device_order():
+    """Ray reports GPU ids as indices, or as UUIDs and MIG ids on some nodes: kept as
+    strings, numeric ones by value (2 before 10), the others after them as named."""
+    from gaca_agent.cluster.learners import gpu_ids
+
+    assert gpu_ids([10, "2", 0]) == ("0", "2", "10")
+    mig = "MIG-4b1c6c3e-9f0a-5a5e-8d61-2f1f1c0e9a11"
+    assert gpu_ids([mig, "GPU-7f3a", "1"]) == ("1", "GPU-7f3a", mig)
+    two = [Place("n", "10.0.0.1", ("10",)), Place("n", "10.0.0.1", ("2",))]
+    assert rank_order(two) == [1, 0]
+    assert rank_envs(two, 1)[0]["CUDA_VISIBLE_DEVICES"] == "2,10"
+
+
 def test_ranks_follow_nodes_then_devices():
     """Bundles come back in any order; ranks go by node address, node id, GPU id. Each
     node's ranks see that node's GPUs in local-rank order (device LOCAL_RANK is theirs)."""
-    places = [Place("n2", "10.0.0.2", (3,)), Place("n1", "10.0.0.1", (1,)),
-              Place("n2", "10.0.0.2", (0,)), Place("n1", "10.0.0.1", (0,))]
+    places = [Place("n2", "10.0.0.2", ("3",)), Place("n1", "10.0.0.1", ("1",)),
+              Place("n2", "10.0.0.2", ("0",)), Place("n1", "10.0.0.1", ("0",))]
     assert rank_order(places) == [3, 1, 2, 0]
     envs = rank_envs(places, 29500)
     assert [envs[i]["RANK"] for i in (3, 1, 2, 0)] == ["0", "1", "2", "3"]
@@ -102,6 +115,8 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
     fake = types.SimpleNamespace(is_initialized=lambda: False,
                                  init=lambda **kw: joined.append(kw))
     monkeypatch.setitem(sys.modules, "ray", fake)
+    checked = []
+    monkeypatch.setattr(ray_pool, "check_reachable", checked.append)
     monkeypatch.setenv(ADDRESS_VAR, "10.0.0.1:6379")
     ray_pool.connect(ClusterSection(backend="ray"))
     ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"), True)
@@ -113,9 +128,47 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
         # a Ray started here: its object store as asked, no dashboard, quiet actors
         {"address": "local", "object_store_memory": 100 << 20, "include_dashboard": False,
          "log_to_driver": False}]
+    assert checked == ["10.0.0.1:6379", "ray://head:10001"]  # each address tried first
     fake.is_initialized = lambda: True  # once per process
     ray_pool.connect(ClusterSection(backend="ray"))
     assert len(joined) == 3
+
+
+def test_a_cluster_address_that_nothing_holds_fails_in_seconds_in_one_line(monkeypatch):
+    """ray.init waits forever for an address nothing listens on: the address is tried
+    first (and by --dry-run), and a dead one is one line naming it; a config asking for
+    less object store than Ray's 75 MB, or Ray when it is missing, is refused first."""
+    import importlib.util
+    import socket
+
+    from gaca_agent.cluster.ray_pool import check_reachable
+    from gaca_agent.config.checks import InputError, check_ray
+
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        port = dead.getsockname()[1]  # bound, not listening: refused
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"cluster.address 127.0.0.1:{port}: no Ray "
+                                              "answers there within 2 s"):
+        check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(InputError, match="no Ray answers there"):
+        check_ray(f"ray://127.0.0.1:{port}")
+    with pytest.raises(ConnectionError, match="is not HOST:PORT"):
+        check_reachable("head-node")
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        check_reachable(f"ray://127.0.0.1:{live.getsockname()[1]}")
+        check_reachable("auto")  # Ray's own lookup
+    with pytest.raises(ValueError, match="object_store_mb >= 75"):
+        ClusterSection(object_store_mb=74)
+    assert ClusterSection(object_store_mb=75).object_store_mb == 75
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(InputError, match=r"cluster.backend: ray needs Ray: pip install"):
+        check_ray("")
 
 
 def test_a_launch_refuses_an_existing_run_before_placing_anything(tmp_path):

@@ -146,6 +146,19 @@ def test_a_new_workers_start_up_is_not_a_stall():
         assert time.monotonic() - t0 < 30 and pool.restarts == 1
 
 
+def test_stuck_workers_share_one_deadline_per_call():
+    """Two workers stuck in one call: the second is waited for only what is left of the
+    call's deadline (k stuck hosts cost timeout_s, not k times it)."""
+    with EnvPool(STALL, num_envs=2, num_workers=2, timeout_s=3) as pool:
+        pool.call("reset", [(0, (0, None)), (1, (0, None))])
+        waits = []
+        receive = pool._receive
+        pool._receive = lambda w, t: (waits.append(t), receive(w, t))[1]
+        both = pool.call("step", [(0, "stall"), (1, "stall")])
+        assert all(isinstance(f, WorkerFailure) for f in both.values())
+        assert waits[0] == pytest.approx(3, abs=0.5) and waits[1] < 1.0
+
+
 def test_a_stalled_worker_is_restarted_and_only_its_slots_fail():
     with EnvPool(STALL, num_envs=2, num_workers=2, timeout_s=2) as pool:
         before = pool.pids()

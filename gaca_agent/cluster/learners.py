@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from gaca_agent.cluster.fit import fit_problem, node_resources
 from gaca_agent.cluster.ray_pool import ADDRESS_VAR, connect
 
 PASSED_ON = ("GACA_", "HF_", "OMP_", "TOKENIZERS_", "ACCELERATE_", "TRANSFORMERS_", "WANDB_",
@@ -33,7 +34,18 @@ class Place:
 
     node_id: str
     ip: str
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
+    """Ray's GPU ids, as strings: indices, or UUIDs and MIG ids (``MIG-...``)."""
+
+
+def _device_order(gpu: str) -> tuple:
+    """Numeric ids by value (2 before 10), then the others (UUIDs, MIG ids) as named."""
+    return (not gpu.isdigit(), int(gpu) if gpu.isdigit() else 0, gpu)
+
+
+def gpu_ids(raw) -> tuple[str, ...]:
+    """Ray's GPU ids as strings in device order (``int()`` fails on UUIDs and MIG ids)."""
+    return tuple(sorted((str(g) for g in raw), key=_device_order))
 
 
 class RankLost(RuntimeError):
@@ -43,8 +55,8 @@ class RankLost(RuntimeError):
 def rank_order(places: list[Place]) -> list[int]:
     """The actors (indices into ``places``) in rank order: by node (address, then id),
     then by GPU id, then by bundle."""
-    return sorted(range(len(places)),
-                  key=lambda i: (places[i].ip, places[i].node_id, places[i].gpus, i))
+    return sorted(range(len(places)), key=lambda i: (
+        places[i].ip, places[i].node_id, [_device_order(str(g)) for g in places[i].gpus], i))
 
 
 def rank_envs(places: list[Place], master_port: int) -> list[dict[str, str]]:
@@ -70,7 +82,7 @@ class LearnerRank:
 
         context = ray.get_runtime_context()
         return Place(context.get_node_id(), ray.util.get_node_ip_address(),
-                     tuple(sorted(int(g) for g in ray.get_gpu_ids())))
+                     gpu_ids(ray.get_gpu_ids()))
 
     def port(self) -> int:
         from gaca_envs.net import free_port
@@ -118,6 +130,10 @@ def run_ranks(cluster, args: list[str], cwd: str | None = None, config: str | No
 
     connect(cluster, log_to_driver=True)  # the ranks' output shows here
     spec = bundle(cluster)
+    problem = fit_problem([spec] * cluster.learners, node_resources(),
+                          f"{cluster.learners} learner ranks of {spec}")
+    if problem:  # at once: the placement group would wait learner_start_timeout_s
+        raise RankLost(f"cannot place {problem}")
     group = placement_group([spec] * cluster.learners, strategy=cluster.learner_strategy)
     actors: list[Any] = []
     try:

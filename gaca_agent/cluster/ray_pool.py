@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gaca_agent.cluster.fit import fit_problem, node_resources
 from gaca_agent.collect.workers import EnvHost, HostPool
 
 
@@ -43,10 +44,30 @@ def connect(cluster, log_to_driver: bool = False) -> None:
         return
     address = cluster.address or os.environ.get(ADDRESS_VAR, "")
     if address:
+        check_reachable(address)  # ray.init waits forever for an address nothing holds
         ray.init(address=address, log_to_driver=log_to_driver)
     else:
         ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
                  include_dashboard=False, log_to_driver=log_to_driver)
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A ``HOST:PORT`` or ``ray://HOST:PORT`` address must accept a TCP connection within
+    ``timeout_s``: else one ConnectionError naming it (``auto`` is Ray's own lookup)."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConnectionError(f"cluster.address {address!r} is not HOST:PORT, "
+                              "ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConnectionError(f"cluster.address {address}: no Ray answers there within "
+                              f"{timeout_s:g} s ({err}); start it with ray start --head, "
+                              "or leave cluster.address empty to start one here") from None
 
 
 def actor_options(cpus: float, resources: dict, memory_mb: int = 0) -> dict[str, Any]:
@@ -71,8 +92,15 @@ class RayPool(HostPool):
         super().__init__(num_envs, num_workers, recycle_after, timeout_s)
         connect(cluster)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        self._actor_cls = ray.remote(EnvActor).options(**actor_options(
-            cluster.env_cpus, cluster.env_resources, cluster.env_memory_mb))
+        options = actor_options(cluster.env_cpus, cluster.env_resources, cluster.env_memory_mb)
+        ask = {"CPU": cluster.env_cpus, "memory": float(options.get("memory", 0)),
+               **options.get("resources", {})}
+        problem = fit_problem([ask] * self.num_workers, node_resources(),
+                              f"{self.num_workers} env actors")
+        if problem:  # at once: waiting for room would end only after timeout_s
+            raise RuntimeError(f"cannot place {problem} (lower cluster.env_cpus or "
+                               "env.workers, or add nodes)")
+        self._actor_cls = ray.remote(EnvActor).options(**options)
         self._actors: list[Any] = [None] * self.num_workers
         self._pending: dict[int, Any] = {}
         for w in range(self.num_workers):
@@ -104,12 +132,12 @@ class RayPool(HostPool):
         self._pending[w] = self._actors[w].handle.remote(cmd, items)
         return True
 
-    def _receive(self, w: int):
+    def _receive(self, w: int, timeout_s: float):
         import ray
         from ray.exceptions import GetTimeoutError, RayError
 
         try:
-            return ray.get(self._pending.pop(w), timeout=self.timeout_s)
+            return ray.get(self._pending.pop(w), timeout=timeout_s)
         except (RayError, GetTimeoutError):
             return None  # the actor died, its node was lost, or it did not answer in time
 

@@ -8,6 +8,7 @@ the others."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -25,6 +26,10 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+KEY_VARS = ("GACA_SERVE_API_KEY", "VLLM_API_KEY")
+"""The environment variables a server started for a run finds its API key in."""
+
+
 class ServerActor:
     """One inference server process on this actor's node."""
 
@@ -40,7 +45,11 @@ class ServerActor:
             words = [sys.executable, "-m", "gaca_agent.cli.serve", *words[1:]]
         # its output goes to a file (a pipe nobody reads would fill and stop the server)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="gaca-server-", suffix=".log")
+        # the key by environment, not on the command line (which any user of the node
+        # can read): gaca-serve and vLLM read these
+        key_env = {v: self.api_key for v in KEY_VARS} if self.api_key else {}
         self.proc = subprocess.Popen(words, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **key_env},
                                      preexec_fn=die_with_parent)
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
@@ -48,7 +57,8 @@ class ServerActor:
                 self.proc.kill()
                 self.log.seek(0)
                 tail = self.log.read()[-1500:].strip()
-                raise RuntimeError(f"the inference server `{' '.join(words)}` did not become "
+                shown = " ".join(words).replace(self.api_key or "\0", "***")
+                raise RuntimeError(f"the inference server `{shown}` did not become "
                                    f"healthy on {self.host}:{self.port}: {tail}")
             time.sleep(0.2)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -119,12 +120,18 @@ def _worker_main(conn, env_id: str, env_kwargs: dict) -> None:
     serve_pipe(conn, EnvHost(env_id, env_kwargs))
 
 
+STARTUP_GRACE_S = 120.0
+"""Added to ``timeout_s`` for a host's first answer: starting a process (or an actor) on
+a loaded machine can take longer than a step may."""
+
+
 class HostPool:
     """``num_envs`` env slots on ``num_workers`` hosts that each run an :class:`EnvHost`
     (slot j on host ``j % num_workers``): slot routing, restarts and recycling, in one
     place for every transport. A subclass says how to start a host (:meth:`_start`), send
-    it a batch (:meth:`_send`), receive its answers within ``timeout_s`` or None
-    (:meth:`_receive`) and stop it (:meth:`_stop`)."""
+    it a batch (:meth:`_send`), receive its answers within a given time or None
+    (:meth:`_receive`) and stop it (:meth:`_stop`). One call's hosts share one deadline,
+    ``timeout_s`` after it was sent: k stuck hosts cost ``timeout_s``, not k times it."""
 
     def __init__(self, num_envs: int, num_workers: int, recycle_after: int | None,
                  timeout_s: float) -> None:
@@ -145,7 +152,7 @@ class HostPool:
     def _send(self, w: int, cmd: str, items: list[tuple[int, Any]]) -> bool:
         raise NotImplementedError
 
-    def _receive(self, w: int):
+    def _receive(self, w: int, timeout_s: float):
         raise NotImplementedError
 
     def _stop(self, w: int) -> None:
@@ -198,8 +205,12 @@ class HostPool:
                 continue
             by_worker.setdefault(self.worker_of(slot), []).append((slot // self.num_workers, arg))
         sent = [w for w, local in by_worker.items() if self._send(w, cmd, local)]
+        deadline = time.monotonic() + self.timeout_s
         for w, local in by_worker.items():
-            answers = self._receive(w) if w in sent else None
+            # a new host's first answer also holds its start-up (imports, the env's build)
+            left = max(0.0, deadline - time.monotonic()) + \
+                (STARTUP_GRACE_S if w in self._fresh else 0.0)
+            answers = self._receive(w, left) if w in sent else None
             if answers is None:
                 self._restart(w)
                 self._lost |= {s for s in range(w, self.num_envs, self.num_workers)} - \
@@ -220,11 +231,6 @@ class HostPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-STARTUP_GRACE_S = 120.0
-"""Added to ``timeout_s`` for a worker process's first answer: starting a process on a
-loaded machine can take longer than a step may."""
 
 
 class EnvPool(HostPool):
@@ -265,12 +271,10 @@ class EnvPool(HostPool):
         except (BrokenPipeError, OSError):
             return False
 
-    def _receive(self, w: int):
+    def _receive(self, w: int, timeout_s: float):
         conn = self._conns[w]
-        # a new process's first answer also holds its start-up (imports, the env's build)
-        grace = STARTUP_GRACE_S if w in self._fresh else 0.0
         try:
-            if not conn.poll(self.timeout_s + grace):
+            if not conn.poll(timeout_s):
                 return None
             return conn.recv()
         except (EOFError, OSError):

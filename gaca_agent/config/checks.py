@@ -239,9 +239,25 @@ def check_config(cfg) -> None:
     if missing:
         raise InputError(f"logging: {', '.join(missing)} needs the package(s) "
                          f"{', '.join(missing)} (pip install {' '.join(missing)})")
+    if cfg.cluster.backend == "ray":
+        check_ray(cfg.cluster.address)
     urls = []
     if cfg.model.engine == "server":  # cluster.servers: none yet (Ray starts them)
         urls = [(cfg.server.base_url, "server.base_url")] if cfg.server.base_url else []
         urls += [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
     check_run_inputs(cfg.env.id, [cfg.env.kwargs, cfg.env.eval_kwargs], model=cfg.model.path,
                      urls=urls, servers=cfg.env.servers)
+
+
+def check_ray(address: str) -> None:
+    """``cluster.backend: ray``: Ray importable, and ``cluster.address`` (when given)
+    answering."""
+    if importlib.util.find_spec("ray") is None:
+        raise InputError("cluster.backend: ray needs Ray: pip install -e '.[ray]'")
+    if address:
+        from gaca_agent.cluster.ray_pool import check_reachable
+
+        try:
+            check_reachable(address, timeout_s=5.0)
+        except ConnectionError as err:
+            raise InputError(str(err)) from None

@@ -241,13 +241,13 @@ class ClusterSection:
     """``ray`` with ``model.engine: server``: inference servers Ray starts, spread over
     the nodes with ``server_resources`` (0: the servers in ``server.base_url`` and
     ``server.replicas`` are yours)."""
-    server_command: str = ("gaca-serve {model} --name {name} --host {host} --port {port} "
-                           "--api-key {api_key}")
+    server_command: str = "gaca-serve {model} --name {name} --host {host} --port {port}"
     """How a server starts on its node: ``{model}`` (``model.path``, readable there),
     ``{name}`` (``server.model``), ``{host}`` (the node's address), ``{port}`` (a free
-    one), ``{api_key}`` (a key made for the run, which its clients send); e.g. ``vllm
-    serve {model} --served-model-name {name} --host {host} --port {port} --api-key
-    {api_key} --enable-lora``."""
+    one); the key made for the run, which its clients send, is in the server's
+    environment (``GACA_SERVE_API_KEY``, ``VLLM_API_KEY``), or ``{api_key}`` for a server
+    that takes it only as a flag (SGLang: ``--api-key {api_key}``); e.g. ``vllm serve
+    {model} --served-model-name {name} --host {host} --port {port} --enable-lora``."""
     server_resources: dict = field(default_factory=dict)
     """What each server needs, e.g. ``{GPU: 1}`` (or a tensor-parallel group's)."""
     server_cpus: float = 1.0
@@ -269,9 +269,10 @@ class ClusterSection:
 
     def __post_init__(self) -> None:
         if self.env_actors < 0 or self.env_cpus <= 0 or self.env_memory_mb < 0 \
-                or self.object_store_mb < 64:
+                or self.object_store_mb < 75:
             raise ValueError("need cluster.env_actors >= 0, cluster.env_cpus > 0, "
-                             "cluster.env_memory_mb >= 0 and cluster.object_store_mb >= 64")
+                             "cluster.env_memory_mb >= 0 and cluster.object_store_mb >= 75 "
+                             "(Ray's smallest object store)")
         if self.servers < 0 or self.server_cpus < 0 or self.server_start_timeout_s <= 0:
             raise ValueError("need cluster.servers >= 0, cluster.server_cpus >= 0 and "
                              "cluster.server_start_timeout_s > 0")
