@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import has_module
 from gaca_agent.collect.collector import Collector
 from gaca_agent.collect.pools import LocalPool, make_pool
 from gaca_agent.collect.workers import EnvHost, EnvPool, WorkerFailure, serve_pipe
@@ -465,6 +466,42 @@ def test_a_lost_workers_episodes_are_played_again_from_their_seeds(rerun):
         lost = [e for e in faulty.episodes if e.failed]
         assert lost and all("env worker 1 died" in e.error for e in lost)
         assert len(lost) < len(faulty.episodes)
+
+
+@pytest.mark.skipif(not has_module("torch"), reason="needs torch (the tiny model)")
+def test_a_replayed_episode_equals_the_fault_free_one_to_float_rounding(tiny_model_path):
+    """What env.rerun_lost makes equal, stated exactly: a lost worker's episodes replayed
+    with a model policy have the fault-free run's actions, rewards and sampled tokens;
+    their log-probs differ only by the rounding of another padded batch (< 1e-5)."""
+    import signal
+
+    from gaca_agent.policies.hf import HFPolicy
+
+    policy = HFPolicy(tiny_model_path, temperature=1.0, max_new_tokens=12,
+                      history_length=0, device="cpu")
+    tasks = [(k, 90 + k) for k in range(3)]
+    clean = play(policy, tasks, group_size=2, workers=2)
+    collector = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                                     workers=2, invalid_penalty=-0.1, rerun_lost=2))
+    rounds = []
+
+    def kill_worker_1(n):
+        rounds.append(n)
+        if len(rounds) == 2:
+            os.kill(collector.pool.pids()[1], signal.SIGKILL)
+
+    try:
+        faulty = collector.run(policy, tasks, 2, on_step=kill_worker_1)
+        assert collector.pool.restarts == 1
+    finally:
+        collector.close()
+    assert episodes_of(faulty) == episodes_of(clean)
+    for a, b in zip(clean.episodes, faulty.episodes):
+        for i, j in zip(a.rows, b.rows):
+            assert list(clean.table["completion_ids"][i]) == \
+                list(faulty.table["completion_ids"][j])
+            assert np.allclose(clean.table["logprobs"][i], faulty.table["logprobs"][j],
+                               rtol=0, atol=1e-5)
 
 
 class Probe:

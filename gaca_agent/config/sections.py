@@ -66,7 +66,8 @@ class EnvSection:
     """An episode whose env host was lost (a worker process, a Ray actor or its node, an
     env server's session) is played again from its seed, up to this many times, instead
     of being kept as failed; with a policy keyed by the episode's seed (every gaca
-    policy) the rollout is then the one a run without the fault collects."""
+    policy) its actions and rewards are then those of a run without the fault (its
+    log-probs to float rounding: a replayed turn shares another padded batch)."""
 
     def __post_init__(self) -> None:
         bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
