@@ -217,3 +217,57 @@ def test_the_paired_table_shows_a_tiny_sign_test_p_value_not_zero():
         "auc": metric([0.1] * 9 + [-0.1])}}})
     assert "| 16 / 0 / 0 | 3.05e-05 |" in text
     assert "| 9 / 1 / 0 | 0.0215 |" in text
+
+
+def test_paired_differences_equal_a_plain_computation(tmp_path):
+    """paired() over run folders: per seed, a - b of the final held-out success and of
+    the AUC (the mean over every evaluation, the warm-up's at iteration -1 included),
+    their mean, Student's 95% interval, wins / losses / ties and the sign test, each
+    equal to the computation written out by hand."""
+    import json
+    import math
+    import statistics
+
+    from gaca_agent.analysis.study import Run, paired
+
+    curves = {("gigpo", 1): [0.1, 0.4, 0.6], ("grpo", 1): [0.3, 0.2, 0.5],
+              ("gigpo", 2): [0.0, 0.5, 0.5], ("grpo", 2): [0.2, 0.3, 0.5],
+              ("gigpo", 3): [0.2, 0.2, 0.9], ("grpo", 3): [0.0, 0.4, 0.4],
+              ("grpo", 4): [0.0, 0.0, 0.0]}  # no gigpo run of seed 4: not paired
+    runs = []
+    for (label, seed), curve in curves.items():
+        run = Run("keys", "gaca/Diag-Keys-v0", label, seed)
+        (tmp_path / "runs" / run.name).mkdir(parents=True)
+        rows = [{"iteration": it, "eval/success": v} for it, v in zip((-1, 1, 3), curve)]
+        rows.append({"iteration": 0, "rollout/success": 0.9})  # not an evaluation
+        (tmp_path / "runs" / run.name / "metrics.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in rows))
+        runs.append(run)
+    got = paired(tmp_path, runs, [("gigpo", "grpo")])["keys"]["gigpo - grpo"]
+    assert got["seeds"] == [1, 2, 3]
+    final = [0.6 - 0.5, 0.5 - 0.5, 0.9 - 0.4]
+    auc = [(0.1 + 0.4 + 0.6) / 3 - (0.3 + 0.2 + 0.5) / 3,
+           (0.0 + 0.5 + 0.5) / 3 - (0.2 + 0.3 + 0.5) / 3,
+           (0.2 + 0.2 + 0.9) / 3 - (0.0 + 0.4 + 0.4) / 3]
+    for metric, diffs in (("final", final), ("auc", auc)):
+        entry = got[metric]
+        assert entry["differences"] == pytest.approx(diffs)
+        mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
+        half = 4.303 * sd / math.sqrt(3)  # Student's t, 2 degrees of freedom
+        assert entry["mean"] == pytest.approx(mean)
+        assert entry["ci95"] == pytest.approx([mean - half, mean + half])
+        assert entry["sd"] == pytest.approx(sd)
+    assert (got["final"]["wins"], got["final"]["losses"], got["final"]["ties"]) == (2, 0, 1)
+    assert got["final"]["sign_test_p"] == pytest.approx(0.5)  # 2 of 2 untied: 2 x 1/4
+    assert abs(auc[1]) < 1e-12 and (got["auc"]["wins"], got["auc"]["losses"]) == (2, 0)
+
+
+@pytest.mark.parametrize("df, quantile", [(1, 12.706), (5, 2.571), (12, 2.179), (13, 2.160),
+                                          (15, 2.131), (20, 2.086), (23, 2.069),
+                                          (30, 2.042), (60, 2.000), (120, 1.980)])
+def test_t95_is_students_quantile(df, quantile):
+    """The table's values, and the expansion past it within 0.0015 of Student's quantile
+    (the published values)."""
+    from gaca_agent.analysis.study import t95
+
+    assert t95(df) == pytest.approx(quantile, abs=0.0015)
