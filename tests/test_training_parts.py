@@ -159,10 +159,13 @@ def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, similar
 class FakeLearner:
     """What WeightSync uses of the learner: saves, the score, one process."""
 
-    def __init__(self, lora: bool, scores):
+    def __init__(self, lora: bool, scores, temperature: float = 1.0):
         from types import SimpleNamespace
 
-        self.config = SimpleNamespace(lora_r=4 if lora else 0)
+        from gaca_agent.learner.config import LearnerConfig
+
+        # the rollouts' temperature, as gaca-train's config gives it
+        self.config = LearnerConfig(lora_r=4 if lora else 0, temperature=temperature)
         self.accelerator = SimpleNamespace(is_main_process=True, num_processes=1,
                                            wait_for_everyone=lambda: None)
         self.scores, self.saved = scores, []
@@ -232,7 +235,7 @@ def weight_sync(tmp_path, lora, kind="vllm", temperatures=(1.0, 0.4), served=Non
     from gaca_agent.training.sync import WeightSync
 
     scores = scores or {1.0: [-1.0, -2.0, -3.0], 0.4: [-0.5, -0.5, -0.5]}
-    learner = FakeLearner(lora, scores)
+    learner = FakeLearner(lora, scores, temperatures[0])
     engine = FakeServer(kind, served or scores, **server)
     section = SimpleNamespace(sync_dtype="bfloat16", probe_tokens=3, probe_tolerance=0.05,
                               weight_transfer="disk")
