@@ -401,7 +401,7 @@ class FlakyHosts:
                 self.pending[w] = (cmd, items)
                 return True
 
-            def _receive(self, w):
+            def _receive(self, w, timeout_s):
                 cmd, items = self.pending.pop(w)
                 if w in self.dead:
                     self.dead.discard(w)
