@@ -105,7 +105,7 @@ class Learner:
     @property
     def rollout_model(self):
         """What rollouts generate with, inside :meth:`rollout_context`: the policy, or
-        its bf16 copy on a CPU (:mod:`gaca_agent.learner.rollout_copy`)."""
+        its bf16 copy on a CPU (:mod:`gaca_agent.learner.rollouts`)."""
         return self.unwrapped if self.rollout_copy is None else self.rollout_copy.model
 
     @property
