@@ -436,18 +436,13 @@ def episodes_of(rollout):
             for e in rollout.episodes]
 
 
-@pytest.mark.parametrize("rerun", [0, 2])
-def test_a_lost_workers_episodes_are_played_again_from_their_seeds(rerun):
-    """A worker killed mid-collection: with env.rerun_lost its unfinished episodes are
-    played again from their seeds elsewhere, and the rollout is the fault-free one; without
-    it they are kept, failed, with the reason."""
+def play_killing_worker_1(policy, tasks, rerun_lost: int):
+    """``tasks`` in groups of 2 on two worker processes, worker 1 killed after the second
+    round (its restart checked)."""
     import signal
 
-    tasks = [(k, 70 + k) for k in range(3)]
-    clean = play(make_policy("random", seed=4), tasks, group_size=2, workers=2)
-    section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4, workers=2,
-                         invalid_penalty=-0.1, rerun_lost=rerun)
-    collector = Collector(section)
+    collector = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
+                                     workers=2, invalid_penalty=-0.1, rerun_lost=rerun_lost))
     rounds = []
 
     def kill_worker_1(n):
@@ -456,10 +451,21 @@ def test_a_lost_workers_episodes_are_played_again_from_their_seeds(rerun):
             os.kill(collector.pool.pids()[1], signal.SIGKILL)
 
     try:
-        faulty = collector.run(make_policy("random", seed=4), tasks, 2, on_step=kill_worker_1)
+        faulty = collector.run(policy, tasks, 2, on_step=kill_worker_1)
         assert collector.pool.restarts == 1
     finally:
         collector.close()
+    return faulty
+
+
+@pytest.mark.parametrize("rerun", [0, 2])
+def test_a_lost_workers_episodes_are_played_again_from_their_seeds(rerun):
+    """A worker killed mid-collection: with env.rerun_lost its unfinished episodes are
+    played again from their seeds elsewhere, and the rollout is the fault-free one; without
+    it they are kept, failed, with the reason."""
+    tasks = [(k, 70 + k) for k in range(3)]
+    clean = play(make_policy("random", seed=4), tasks, group_size=2, workers=2)
+    faulty = play_killing_worker_1(make_policy("random", seed=4), tasks, rerun)
     if rerun:
         assert episodes_of(faulty) == episodes_of(clean)
     else:
@@ -473,28 +479,13 @@ def test_a_replayed_episode_equals_the_fault_free_one_to_float_rounding(tiny_mod
     """What env.rerun_lost makes equal, stated exactly: a lost worker's episodes replayed
     with a model policy have the fault-free run's actions, rewards and sampled tokens;
     their log-probs differ only by the rounding of another padded batch (< 1e-5)."""
-    import signal
-
     from gaca_agent.policies.hf import HFPolicy
 
     policy = HFPolicy(tiny_model_path, temperature=1.0, max_new_tokens=12,
                       history_length=0, device="cpu")
     tasks = [(k, 90 + k) for k in range(3)]
     clean = play(policy, tasks, group_size=2, workers=2)
-    collector = Collector(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
-                                     workers=2, invalid_penalty=-0.1, rerun_lost=2))
-    rounds = []
-
-    def kill_worker_1(n):
-        rounds.append(n)
-        if len(rounds) == 2:
-            os.kill(collector.pool.pids()[1], signal.SIGKILL)
-
-    try:
-        faulty = collector.run(policy, tasks, 2, on_step=kill_worker_1)
-        assert collector.pool.restarts == 1
-    finally:
-        collector.close()
+    faulty = play_killing_worker_1(policy, tasks, rerun_lost=2)
     assert episodes_of(faulty) == episodes_of(clean)
     for a, b in zip(clean.episodes, faulty.episodes):
         for i, j in zip(a.rows, b.rows):
