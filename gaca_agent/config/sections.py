@@ -199,7 +199,9 @@ class WarmupSection:
     source: Literal["random", "expert"] = "random"
     """``random``: uniform admissible actions, the response format only (no success
     signal); ``expert``: the env's expert (ALFWorld's planner, ScienceWorld's gold path,
-    TextWorld's walkthrough, WebShop's expert): supervised fine-tuning on its trajectories."""
+    TextWorld's walkthrough, WebShop's expert): supervised fine-tuning on its trajectories,
+    on ``bc_episodes`` train tasks spread evenly over the split (gaca-eval's plan: every
+    task type of a split sorted by type); random transcripts play the first tasks."""
     bc_batch: int = 16
     bc_lr: float = 3e-3
     bc_episodes: int = 64

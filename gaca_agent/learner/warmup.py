@@ -1,10 +1,10 @@
-"""Behaviour-cloning warm-up that teaches the response format only.
+"""Behaviour-cloning warm-up: supervised fine-tuning on transcripts of a policy's episodes.
 
-Transcripts come from the *random* policy (uniform admissible actions, no success
-signal): each step's prompt is paired with ``<think></think><action>a</action>`` and the
-model is trained with cross-entropy on those response tokens. Afterwards the model
-answers in the format with admissible actions, but has learned nothing about which
-action is good; RL has to do that.
+Each step's prompt (exactly as RL builds it: chat template, history) is paired with
+``<think></think><action>a</action>`` and the model is trained with cross-entropy on those
+response tokens. Transcripts of the *random* policy (uniform admissible actions) teach the
+response format only, and RL has to learn which action is good; the *expert*'s (the env's
+planner, gold path or walkthrough) are supervised fine-tuning on its trajectories.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gaca_agent.types import Turn
 
 def transcripts(rollout, env_id: str, family: str, builder: PromptBuilder, tokenizer
                 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids + EOS) for every step of random-policy episodes."""
+    """(prompt ids, response ids + EOS) for every step of the rollout's episodes."""
     table = rollout.table
     pairs = []
     for ep in rollout.episodes:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gaca_agent.config import TrainConfig, to_dict
-from gaca_agent.eval.evaluate import num_tasks_of
+from gaca_agent.eval.evaluate import num_tasks_of, plan
 from gaca_agent.runs.progress import iteration_line, quiet_libraries
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
@@ -277,7 +277,8 @@ def _warmup(run: Run) -> None:
         before = held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
         metrics.update({k.replace("eval/", "eval_before/"): v for k, v in before.items()})
     if w.bc_steps > 0:
-        tasks = [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
+        tasks = plan(w.bc_episodes, n_train or None, 50_000) if w.source == "expert" else \
+            [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
         rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
         with learner.autocast():  # learner.bf16: the warm-up's passes in bf16 too
