@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_claim2 import H, KAPPAS, one, sample_from  # noqa: E402
 from bench_claim3 import measures, rows_from, summarise  # noqa: E402
 
-from gaca_agent.analysis.study import Run, t_interval  # noqa: E402
+from gaca_agent.analysis.significance import t_interval  # noqa: E402
+from gaca_agent.analysis.study import Run  # noqa: E402
 from gaca_agent.analysis.tabular import load_policy, model_policy  # noqa: E402
 from gaca_agent.config import load_config  # noqa: E402
 from gaca_envs.diag.env import TRAIN_TASKS, TEST_TASKS, build_world  # noqa: E402

@@ -231,7 +231,29 @@ def anchor_actions(rows, G, i):
 
 
 def ecpo(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories", kappa=2.0,
-         gate=True):
+         gate=True, tau=4.0):
+    """The paper's form: mu~_a = (n_a mean_a + kappa mean_s) / (n_a + kappa), A_act =
+    mu~_a - mean_s; rho_s = tanh(n_s / tau) B_s / (B_s + W_s + eps)."""
+    a_e = grpo(rows, norm, episode_stats)
+    G = returns_to_go(rows, gamma)
+    out = []
+    for i, r in enumerate(rows):
+        members, by_action = anchor_actions(rows, G, i)
+        mine, mu_s = by_action[r["action"]], mean(members)
+        a_act = 0.0
+        if len(members) >= 2:
+            shrunk = (len(mine) * mean(mine) + kappa * mu_s) / (len(mine) + kappa)
+            a_act = shrunk - mu_s
+        between = sum(len(v) * (mean(v) - mu_s) ** 2 for v in by_action.values())
+        within = sum((g - mean(v)) ** 2 for v in by_action.values() for g in v)
+        rho = math.tanh(len(members) / tau) * between / (between + within + EPS) if gate \
+            else 1.0
+        out.append(a_e[i] + omega * rho * a_act)
+    return out
+
+
+def ecpo_scaled(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories",
+                kappa=2.0, gate=True):
     a_e = grpo(rows, norm, episode_stats)
     G = returns_to_go(rows, gamma)
     out = []
@@ -302,5 +324,5 @@ def spread(rows, gamma=0.95, omega=1.0, norm="std", episode_stats="trajectories"
     return out
 
 
-REFERENCE = {"ecpo": ecpo, "shrink": shrink, "spread": spread, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gigpo": gigpo,
+REFERENCE = {"ecpo": ecpo, "ecpo_scaled": ecpo_scaled, "shrink": shrink, "spread": spread, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gigpo": gigpo,
              "gaca": gaca, "adastep": adastep, "pgpo": pgpo, "graft": graft, "empg": empg}

@@ -57,7 +57,9 @@ CASES = [
     ("graft", {}), ("graft", {"lam": 0.0, "gamma": 0.9}),
     ("empg", {}), ("empg", {"k": 2.0, "zeta": 0.3}),
     ("ecpo", {}), ("ecpo", {"kappa": 0.5, "gate": False, "norm": "mean"}),
-    ("ecpo", {"kappa": 0.0, "omega": 0.5}),
+    ("ecpo", {"kappa": 0.0, "omega": 0.5, "tau": 1.5}), ("ecpo", {"tau": 40.0, "gamma": 0.9}),
+    ("ecpo_scaled", {}), ("ecpo_scaled", {"kappa": 0.5, "gate": False, "norm": "mean"}),
+    ("ecpo_scaled", {"kappa": 0.0, "omega": 0.5}),
     ("shrink", {}), ("shrink", {"norm": "mean", "omega": 2.0}),
     ("spread", {}), ("spread", {"w_max": 1.5, "norm": "mean"}),
 ]
@@ -97,7 +99,8 @@ def test_registry_errors():
         b = to_batch(rows)
         compute("gaca", StepBatch(b.group, b.traj, b.t, b.reward, b.state))
     assert names() == sorted(["grpo", "rloo", "reinforce_pp", "gigpo", "gaca", "adastep",
-                              "pgpo", "graft", "empg", "ecpo", "shrink", "spread"])
+                              "pgpo", "graft", "empg", "ecpo", "ecpo_scaled", "shrink",
+                              "spread"])
 
 
 def test_lambda_alias_and_bad_t():
@@ -284,10 +287,11 @@ def test_calibrated_credit_shrinks_a_rare_lucky_action_and_keeps_a_decisive_one(
 
     gigpo_lucky = step("gigpo", lucky)[-1]
     assert gigpo_lucky > 0.4
-    assert 0 <= step("ecpo", lucky)[-1] < 0.2 * gigpo_lucky
+    for name in ("ecpo", "ecpo_scaled"):
+        assert 0 <= step(name, lucky)[-1] < 0.2 * gigpo_lucky, name
     assert step("shrink", lucky)[-1] == pytest.approx(0.0, abs=1e-9)
     gigpo_decisive = step("gigpo", decisive)
-    for name in ("ecpo", "shrink"):
+    for name in ("ecpo", "ecpo_scaled", "shrink"):
         calibrated = step(name, decisive)
         assert np.all(np.sign(calibrated) == np.sign(gigpo_decisive)), name
         assert np.all(np.abs(calibrated) >= 0.6 * np.abs(gigpo_decisive)), name

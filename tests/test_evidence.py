@@ -101,7 +101,7 @@ def test_rescore_exact_advantages_match_the_empirical_policy():
 
 
 def test_paired_statistics_and_sign_test():
-    from gaca_agent.analysis.study import sign_test, t_interval
+    from gaca_agent.analysis.significance import sign_test, t_interval
 
     assert sign_test([1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) == pytest.approx(2 / 1024)
     assert sign_test([1, -1, 0, 0]) == 1.0
@@ -205,18 +205,87 @@ def test_sign_changes_count_flips_and_name_the_anchors_where_they_happen():
 
 def test_the_paired_table_shows_a_tiny_sign_test_p_value_not_zero():
     """16 wins of 16 give p = 2 / 2^16: the table must say so, not print 0.000."""
-    from gaca_agent.analysis.study import sign_test
+    from gaca_agent.analysis.significance import sign_test
     from gaca_agent.analysis.study_report import paired_markdown
 
     def metric(diffs):
         return {"mean": 0.1, "ci95": [0.05, 0.15], "wins": sum(d > 0 for d in diffs),
-                "losses": sum(d < 0 for d in diffs), "ties": 0, "sign_test_p": sign_test(diffs)}
+                "losses": sum(d < 0 for d in diffs), "ties": 0, "sign_test_p": sign_test(diffs),
+                "sign_test_holm": min(1.0, 2 * sign_test(diffs)), "t_test_p": 0.04,
+                "t_test_holm": 0.08}
 
     text = paired_markdown({"w": {"gigpo - grpo": {
         "seeds": list(range(16)), "final": metric([0.1] * 16),
         "auc": metric([0.1] * 9 + [-0.1])}}})
-    assert "| 16 / 0 / 0 | 3.05e-05 |" in text
-    assert "| 9 / 1 / 0 | 0.0215 |" in text
+    assert "| 16 / 0 / 0 | 0.04 (0.08) | 3.05e-05 (6.1e-05) |" in text
+    assert "| 9 / 1 / 0 | 0.04 (0.08) | 0.0215 (0.043) |" in text
+
+
+@pytest.mark.parametrize("df, quantile, p", [(9, 2.262, 0.05), (9, 3.250, 0.01),
+                                             (4, 2.776, 0.05), (23, 2.069, 0.05),
+                                             (23, 2.807, 0.01), (1, 12.706, 0.05)])
+def test_the_paired_t_tests_p_value_at_students_published_quantiles(df, quantile, p):
+    """Differences whose t statistic is Student's published two-sided quantile have that
+    p value (the 95% and 99% points; either sign)."""
+    from gaca_agent.analysis.significance import t_test
+
+    n = df + 1
+    base = [(-1.0) ** i * (1 + i % 3) for i in range(n)]
+    base = [b - sum(base) / n for b in base]  # mean 0
+    sd = statistics.stdev(base)
+    shift = quantile * sd / math.sqrt(n)
+    assert t_test([b + shift for b in base]) == pytest.approx(p, abs=2e-4)
+    assert t_test([-b - shift for b in base]) == pytest.approx(p, abs=2e-4)
+    assert t_test([0.3] * n) == 0.0 and t_test([0.0] * n) == 1.0 and t_test([0.2]) == 1.0
+
+
+def test_holm_multiplies_the_kth_smallest_by_m_minus_k_and_keeps_the_order():
+    from gaca_agent.analysis.significance import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    # the running maximum: the second smallest (0.021 x 2 = 0.042) may not fall below the
+    # first's adjusted 0.06
+    assert holm([0.021, 0.02, 0.9]) == pytest.approx([0.06, 0.06, 0.9])
+    assert holm([0.4, 0.3]) == pytest.approx([0.6, 0.6])
+    assert holm([0.7, 0.6]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_a_studys_auc_columns_subtract_to_its_paired_differences(tmp_path):
+    """aggregate()'s AUC per label and paired()'s AUC differences use one definition (the
+    warm-up's point included): over the same seeds the columns subtract to the paired
+    mean; and paired() gives each comparison the t test and Holm over the comparisons."""
+    import json
+
+    from gaca_agent.analysis.significance import holm, t_test
+    from gaca_agent.analysis.study import Run, aggregate, paired
+
+    curves = {"gigpo": [[0.1, 0.4, 0.6], [0.0, 0.5, 0.5], [0.2, 0.2, 0.9]],
+              "grpo": [[0.3, 0.2, 0.5], [0.2, 0.3, 0.5], [0.0, 0.4, 0.4]],
+              "spread": [[0.9, 0.4, 0.6], [0.0, 0.6, 0.7], [0.2, 0.3, 0.9]]}
+    runs = []
+    for label, per_seed in curves.items():
+        for seed, curve in enumerate(per_seed):
+            run = Run("keys", "gaca/Diag-Keys-v0", label, seed)
+            (tmp_path / "runs" / run.name).mkdir(parents=True)
+            (tmp_path / "runs" / run.name / "metrics.jsonl").write_text("\n".join(
+                json.dumps({"iteration": it, "eval/success": v})
+                for it, v in zip((-1, 1, 3), curve)))
+            runs.append(run)
+    summary = aggregate(tmp_path, runs)["keys"]
+    pairs = [("gigpo", "grpo"), ("spread", "gigpo")]
+    result = paired(tmp_path, runs, pairs)["keys"]
+    for a, b in pairs:
+        auc = result[f"{a} - {b}"]["auc"]
+        assert summary[a]["auc"]["mean"] - summary[b]["auc"]["mean"] == \
+            pytest.approx(auc["mean"])
+        assert auc["t_test_p"] == pytest.approx(t_test(auc["differences"]))
+    for metric in ("final", "auc"):
+        for test in ("t_test", "sign_test"):
+            raw = [result[f"{a} - {b}"][metric][f"{test}_p"] for a, b in pairs]
+            assert [result[f"{a} - {b}"][metric][f"{test}_holm"] for a, b in pairs] == \
+                pytest.approx(holm(raw))
+            assert all(h >= p for h, p in zip(holm(raw), raw))
 
 
 def test_paired_differences_equal_a_plain_computation(tmp_path):
@@ -268,6 +337,6 @@ def test_paired_differences_equal_a_plain_computation(tmp_path):
 def test_t95_is_students_quantile(df, quantile):
     """The table's values, and the expansion past it within 0.0015 of Student's quantile
     (the published values)."""
-    from gaca_agent.analysis.study import t95
+    from gaca_agent.analysis.significance import t95
 
     assert t95(df) == pytest.approx(quantile, abs=0.0015)

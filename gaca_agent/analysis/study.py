@@ -14,8 +14,9 @@ oversubscribe them). Then the runs are aggregated: held-out success per evaluati
 (mean and 95% t-interval over seeds), a final table (Markdown and JSON), PNG learning
 curves with shaded intervals, the estimators' diagnostics over training, and, where the
 preset names a comparison, paired differences per seed (e.g. GACA minus GiGPO) in final
-held-out success and in the area under the learning curve, with 95% t-intervals and an
-exact two-sided sign test, and each seed's curves (the tables and plots:
+held-out success and in the area under the learning curve, with 95% t-intervals, the
+paired t test and an exact two-sided sign test, each also Holm-adjusted over the
+preset's comparisons (:mod:`gaca_agent.analysis.significance`), and each seed's curves (the tables and plots:
 :mod:`gaca_agent.analysis.study_report`). A preset may admit its seeds by a rule on their
 warm-up alone (:mod:`gaca_agent.analysis.screen`).
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gaca_agent.analysis.screen import Screen, screen
+from gaca_agent.analysis.significance import holm, sign_test, t_interval, t_test
 from gaca_agent.runs.rundir import eval_points, read_metrics
 
 #: Every run trains the shipped ``default`` config (gaca_agent/configs/default.yaml).
@@ -54,8 +56,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-k2": ("gaca", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0, "form": "linear"}, []),
     # omega 0.25: a smaller fixed step-level weight, the lowest error there (exploratory)
     "gigpo-w0.25": ("gigpo", {"gamma": 0.95, "omega": 0.25}, []),
-    # issue 43's calibrated step credit, at their defaults (docs/algorithms.md)
-    "ecpo": ("ecpo", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0}, []),
+    # issue 43's calibrated step credit, at their defaults (docs/algorithms.md); its ECPO
+    # is the form built from the abstract, now the estimator ecpo_scaled
+    "ecpo": ("ecpo_scaled", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0}, []),
+    # ECPO as its paper's equations state it (the estimator ecpo)
+    "ecpo-paper": ("ecpo", {"gamma": 0.95, "omega": 1.0, "kappa": 2.0, "tau": 4.0}, []),
+    # a larger fixed step-level weight: does spread's lead come from its size alone?
+    "gigpo-w1.2": ("gigpo", {"gamma": 0.95, "omega": 1.2}, []),
     "shrink": ("shrink", {"gamma": 0.95, "omega": 1.0}, []),
     "spread": ("spread", {"gamma": 0.95, "omega": 1.0}, []),
 }
@@ -66,19 +73,6 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "gaca-k0.5": ("gaca", {"gamma": 0.95, "kappa": 0.5}, []),
     "gaca-nll-action": ("gaca", {"gamma": 0.95, "kappa": 0.25}, ["env.nll_span=action"]),
 }
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179}
-
-
-def t95(df: int) -> float:
-    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom: the table
-    to 12, then the Cornish-Fisher expansion about 1.96 (within 0.0015 from 13 on)."""
-    if df in T95:
-        return T95[df]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
 @dataclass(frozen=True)
 class Preset:
     envs: tuple[tuple[str, str], ...]
@@ -214,17 +208,6 @@ def screened_seeds(preset: Preset, out: Path, jobs: int) -> dict[str, list[int]]
     return result
 
 
-def sign_test(differences: list[float]) -> float:
-    """Exact two-sided sign test p-value of paired differences (ties dropped)."""
-    wins = sum(d > 0 for d in differences)
-    n = wins + sum(d < 0 for d in differences)
-    if n == 0:
-        return 1.0
-    k = min(wins, n - wins)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
 def run_scores(rows: list[dict]) -> tuple[float, float] | None:
     """(final held-out success, area under the held-out curve) of one run: the area is
     the mean success over the evaluation points, the warm-up's included."""
@@ -259,10 +242,22 @@ def paired(out: Path, runs: list[Run], pairs) -> dict[str, Any]:
                                  "wins": sum(d > 0 for d in diffs),
                                  "losses": sum(d < 0 for d in diffs),
                                  "ties": sum(d == 0 for d in diffs),
-                                 "sign_test_p": sign_test(diffs),
+                                 "sign_test_p": sign_test(diffs), "t_test_p": t_test(diffs),
                                  "sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0}
             result.setdefault(env_label, {})[f"{a} - {b}"] = entry
+    for table in result.values():
+        adjust_for_comparisons(table)
     return result
+
+
+def adjust_for_comparisons(table: dict[str, Any]) -> None:
+    """Holm-adjusted p values (``t_test_holm``, ``sign_test_holm``) of one environment's
+    comparisons, per metric and test: the family is every comparison of the table."""
+    for metric in ("final", "auc"):
+        for test in ("t_test", "sign_test"):
+            entries = [entry[metric] for entry in table.values()]
+            for m, p in zip(entries, holm([m[f"{test}_p"] for m in entries])):
+                m[f"{test}_holm"] = p
 
 
 def execute(run: Run, out: Path) -> tuple[Run, bool, str]:
@@ -285,17 +280,10 @@ def execute(run: Run, out: Path) -> tuple[Run, bool, str]:
     return run, ok, "ok" if ok else f"failed (see logs/{run.name}.log)"
 
 
-def t_interval(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t95(n - 1) * sd / math.sqrt(n)
-
-
 def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
-    """Curves (mean, CI per evaluation point), final table and diagnostics per env/label."""
+    """Curves (mean, CI per evaluation point), final table and diagnostics per env/label;
+    the AUC is :func:`run_scores`' (the warm-up's point included), so two labels' AUC
+    columns subtract to their paired mean difference over the same seeds."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     for run in runs:
         rows = read_metrics(out / "runs" / run.name)
@@ -316,9 +304,7 @@ def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
                 finite &= all(math.isfinite(v) for v in r.values() if isinstance(v, float))
         curve = {it: t_interval(v) for it, v in sorted(points.items())}
         last = max(curve) if curve else None
-        auc = [sum(r["eval/success"] for r in rows if "eval/success" in r and r["iteration"] >= 0)
-               / max(1, sum("eval/success" in r and r["iteration"] >= 0 for r in rows))
-               for rows in seeds]
+        auc = [scores[1] for scores in map(run_scores, seeds) if scores is not None]
         summary.setdefault(env_label, {})[label] = {
             "seeds": len(seeds), "finite": finite,
             "curve": {str(k): {"mean": m, "ci95": c, "n": len(points[k])}

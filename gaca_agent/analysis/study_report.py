@@ -13,7 +13,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = []
     for env_label, table in summary.items():
         lines += [f"### {env_label}", "",
-                  "| estimator | seeds | warm-up | final held-out success | mean over evaluations |",
+                  "| estimator | seeds | warm-up | final held-out success | AUC (mean over the "
+                  "evaluations, the warm-up's included) |",
                   "|---|---|---|---|---|"]
         for label, s in sorted(table.items(), key=lambda kv: -(kv[1]["final"] or {}).get("mean", 0)):
             warm = s["curve"].get("-1", {}).get("mean", float("nan"))
@@ -78,16 +79,24 @@ def paired_markdown(result: dict[str, Any]) -> str:
     for env_label, table in result.items():
         lines += [f"### {env_label}: paired differences per seed", "",
                   "| comparison | metric | seeds | mean difference (95% CI) | wins / losses / "
-                  "ties | sign test p |", "|---|---|---|---|---|---|"]
+                  "ties | t test p (Holm) | sign test p (Holm) |",
+                  "|---|---|---|---|---|---|---|"]
         for name, entry in table.items():
             for metric in ("final", "auc"):
                 m = entry[metric]
                 lines.append(f"| {name} | {'final success' if metric == 'final' else 'AUC'} | "
                              f"{len(entry['seeds'])} | {m['mean']:+.3f} ({m['ci95'][0]:+.3f} "
                              f"to {m['ci95'][1]:+.3f}) | {m['wins']} / {m['losses']} / "
-                             f"{m['ties']} | {m['sign_test_p']:.3g} |")
-        lines.append("")
+                             f"{m['ties']} | {_p(m, 't_test')} | {_p(m, 'sign_test')} |")
+        lines += ["", f"Holm: over the {len(table)} comparisons of this table, per metric "
+                  "and test.", ""]
     return "\n".join(lines)
+
+
+def _p(m: dict[str, Any], test: str) -> str:
+    """A raw p value and its Holm adjustment (tables written before Holm: the raw only)."""
+    raw = f"{m[f'{test}_p']:.3g}" if f"{test}_p" in m else "-"
+    return f"{raw} ({m[f'{test}_holm']:.3g})" if f"{test}_holm" in m else raw
 
 
 def seed_markdown(out: Path, runs) -> str:
