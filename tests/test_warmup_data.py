@@ -4,6 +4,7 @@ expert's action in the response format; and ``warmup.source: expert`` in a run."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import alfworld_data_or_skip, has_module
@@ -124,3 +125,33 @@ def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_
     assert {"eval_before/success", "eval/success", "warmup/expert_success"} <= set(rows[-1])
     assert "eval/success" in rows[0] and rows[0]["train/rollout_logprob_gap"] < 0.05
     assert json.loads((run / "final_eval" / "results.json").read_text())["n"] == 2
+
+
+def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path):
+    """behaviour_clone's loss (computed a chunk of logits at a time) equals the model's
+    own cross-entropy over the response tokens of right-padded prompt + response rows,
+    and its first step is taken on that loss (the first loss reported is it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gaca_agent.learner.warmup import behaviour_clone, clone_batch
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).float()
+    pairs = [([5, 6, 7, 8, 9], [10, 11, tokenizer.eos_token_id]),
+             ([12, 13], [14, 15, 16, 17, tokenizer.eos_token_id]),
+             ([18, 19, 20, 21], [22, tokenizer.eos_token_id])]
+    # the rows behaviour_clone's first step draws (its seed's generator)
+    rng_batch = [pairs[i] for i in np.random.default_rng(3).integers(len(pairs), size=3)]
+    b = clone_batch(rng_batch, tokenizer.pad_token_id)
+    labels = torch.full_like(b["input_ids"], -100)
+    for row, (p, r) in enumerate(rng_batch):
+        labels[row, len(p):len(p) + len(r)] = torch.tensor(r)
+    with torch.no_grad():
+        expected = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                         labels=labels).loss.item()
+    got = behaviour_clone(model, tokenizer, pairs, steps=2, batch=3, lr=1e-3, seed=3,
+                          device=torch.device("cpu"))
+    assert got["warmup/first_loss"] == pytest.approx(expected, rel=1e-5)
+    assert got["warmup/last_loss"] < got["warmup/first_loss"]  # the step lowered it

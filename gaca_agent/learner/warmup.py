@@ -39,31 +39,50 @@ def transcripts(rollout, env_id: str, family: str, builder: PromptBuilder, token
     return pairs
 
 
+def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded (prompt + response) ids with, per row, the positions that predict its
+    response tokens, those tokens and their mask (the shapes of
+    :func:`~gaca_agent.learner.logprobs.forward_token_logprobs`)."""
+    width = max(len(p) + len(r) for p, r in pairs)
+    span = max(len(r) for _, r in pairs)
+    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(pairs), width), dtype=torch.long)
+    positions = torch.zeros((len(pairs), span), dtype=torch.long)
+    targets = torch.full((len(pairs), span), pad, dtype=torch.long)
+    mask = torch.zeros((len(pairs), span))
+    for b, (p, r) in enumerate(pairs):
+        ids[b, :len(p) + len(r)] = torch.tensor(p + r)
+        attn[b, :len(p) + len(r)] = 1
+        positions[b, :len(r)] = torch.arange(len(p) - 1, len(p) + len(r) - 1)
+        targets[b, :len(r)] = torch.tensor(r)
+        mask[b, :len(r)] = 1.0
+    return {"input_ids": ids, "attention_mask": attn, "positions": positions,
+            "targets": targets, "mask": mask}
+
+
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
                     device) -> dict[str, Any]:
-    """Adam on response-token cross-entropy; returns the first and last losses."""
+    """Adam on the response tokens' cross-entropy (mean over a batch's response tokens);
+    returns the first and last losses. The vocabulary's logits exist a chunk of tokens at
+    a time (:mod:`gaca_agent.learner.logprobs`): a batch of 1,000-token ALFWorld prompts
+    would otherwise hold gigabytes of them."""
+    from gaca_agent.learner.logprobs import forward_token_logprobs
+
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    pad = tokenizer.pad_token_id
     model.train()
     losses = []
     for _ in range(steps):
-        chosen = [pairs[i] for i in rng.integers(len(pairs), size=batch)]
-        width = max(len(p) + len(r) for p, r in chosen)
-        ids = torch.full((batch, width), pad, dtype=torch.long)
-        labels = torch.full((batch, width), -100, dtype=torch.long)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for b, (p, r) in enumerate(chosen):
-            seq = p + r
-            ids[b, :len(seq)] = torch.tensor(seq)
-            attn[b, :len(seq)] = 1
-            labels[b, len(p):len(seq)] = torch.tensor(r)
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device),
-                    labels=labels.to(device))
+        b = {k: v.to(device) for k, v in clone_batch(
+            [pairs[i] for i in rng.integers(len(pairs), size=batch)],
+            tokenizer.pad_token_id).items()}
+        logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                         b["positions"], b["targets"])
+        loss = -(logp * b["mask"]).sum() / b["mask"].sum()
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         opt.step()
-        losses.append(float(out.loss.detach()))
+        losses.append(float(loss.detach()))
     model.eval()
     return {"warmup/first_loss": losses[0] if losses else 0.0,
             "warmup/last_loss": float(np.mean(losses[-10:])) if losses else 0.0,
