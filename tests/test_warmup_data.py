@@ -151,7 +151,13 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
     with torch.no_grad():
         expected = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                          labels=labels).loss.item()
-    got = behaviour_clone(model, tokenizer, pairs, steps=2, batch=3, lr=1e-3, seed=3,
-                          device=torch.device("cpu"))
-    assert got["warmup/first_loss"] == pytest.approx(expected, rel=1e-5)
-    assert got["warmup/last_loss"] < got["warmup/first_loss"]  # the step lowered it
+    for micro in (None, 2, 1):  # the whole batch, or its gradient accumulated
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path).float()
+        got = behaviour_clone(model, tokenizer, pairs, steps=2, batch=3, lr=1e-3, seed=3,
+                              device=torch.device("cpu"), micro_batch=micro)
+        assert got["warmup/first_loss"] == pytest.approx(expected, rel=1e-5)
+        assert got["warmup/last_loss"] < got["warmup/first_loss"]  # the step lowered it
+        second = got["warmup/last_loss"] * 2 - got["warmup/first_loss"]  # mean of the two
+        if micro is None:
+            whole = second
+        assert second == pytest.approx(whole, rel=1e-4)  # the same step either way

@@ -61,28 +61,34 @@ def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:
 
 
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
-                    device) -> dict[str, Any]:
-    """Adam on the response tokens' cross-entropy (mean over a batch's response tokens);
-    returns the first and last losses. The vocabulary's logits exist a chunk of tokens at
-    a time (:mod:`gaca_agent.learner.logprobs`): a batch of 1,000-token ALFWorld prompts
-    would otherwise hold gigabytes of them."""
+                    device, micro_batch: int | None = None) -> dict[str, Any]:
+    """Adam on the response tokens' cross-entropy (mean over a batch's response tokens),
+    the batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
+    learner's; a model's activations for 8 rows of 1,000 tokens exceed 16 GB); returns the
+    first and last losses. The vocabulary's logits exist a chunk of tokens at a time
+    (:mod:`gaca_agent.learner.logprobs`)."""
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    step_rows = micro_batch or batch
     model.train()
     losses = []
     for _ in range(steps):
-        b = {k: v.to(device) for k, v in clone_batch(
-            [pairs[i] for i in rng.integers(len(pairs), size=batch)],
-            tokenizer.pad_token_id).items()}
-        logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                         b["positions"], b["targets"])
-        loss = -(logp * b["mask"]).sum() / b["mask"].sum()
+        chosen = [pairs[i] for i in rng.integers(len(pairs), size=batch)]
+        tokens = sum(len(r) for _, r in chosen)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for start in range(0, batch, step_rows):
+            b = {k: v.to(device) for k, v in clone_batch(
+                chosen[start:start + step_rows], tokenizer.pad_token_id).items()}
+            logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                             b["positions"], b["targets"])
+            loss = -(logp * b["mask"]).sum() / tokens
+            loss.backward()
+            total += float(loss.detach())
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(total)
     model.eval()
     return {"warmup/first_loss": losses[0] if losses else 0.0,
             "warmup/last_loss": float(np.mean(losses[-10:])) if losses else 0.0,

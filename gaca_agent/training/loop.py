@@ -283,7 +283,8 @@ def _warmup(run: Run) -> None:
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
         with learner.autocast():  # learner.bf16: the warm-up's passes in bf16 too
             metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, w.bc_steps,
-                                           w.bc_batch, w.bc_lr, cfg.seed, acc.device))
+                                           w.bc_batch, w.bc_lr, cfg.seed, acc.device,
+                                           cfg.learner.micro_batch_size))
         if w.source == "expert":  # how often the transcripts' expert won
             metrics["warmup/expert_success"] = rollout_metrics(rollout_sums(rollout))[
                 "rollout/success"]
