@@ -103,6 +103,21 @@ def test_registry_errors():
                               "spread"])
 
 
+def test_the_configs_estimator_field_names_every_registered_estimator():
+    """``algo.estimator``'s documentation lists them all (it once named 9 of 12)."""
+    import ast
+    import inspect
+
+    from gaca_agent.config import sections
+
+    tree = ast.parse(inspect.getsource(sections.AlgoSection))
+    body = tree.body[0].body
+    doc = next(body[i + 1].value.value for i, node in enumerate(body)
+               if isinstance(node, ast.AnnAssign) and node.target.id == "estimator")
+    listed = {w.strip(" ,.") for w in doc.split(":", 1)[1].split("(")[0].split()}
+    assert listed == set(names())
+
+
 def test_lambda_alias_and_bad_t():
     b = to_batch(random_rows(np.random.default_rng(1)))
     np.testing.assert_allclose(compute("graft", b, **{"lambda": 0.5})[0],

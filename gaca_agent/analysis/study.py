@@ -148,6 +148,22 @@ PRESETS = {
         envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(14, 30)),
         overrides=KEYS_BUDGET,
         labels=("grpo", "gigpo"), pairs=(("gigpo", "grpo"),)),
+    # Issue 52's confirmation (docs/study.md states its plan, rule and predictions first):
+    # fresh seeds 30-53, 64 held-out episodes per evaluation, the paired t test on AUC with
+    # Holm over the three comparisons with GiGPO.
+    "keys-confirm": Preset(
+        envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(30, 54)),
+        overrides=tuple(o for o in KEYS_BUDGET if not o.startswith("env.eval_episodes"))
+        + ("env.eval_episodes=64",),
+        labels=("gigpo", "spread", "gigpo-w1.2", "ecpo-paper"),
+        pairs=(("spread", "gigpo"), ("gigpo-w1.2", "gigpo"), ("ecpo-paper", "gigpo"))),
+    # ECPO's own claim is about late training: GiGPO and ECPO (paper form) at 3x the
+    # iterations, 6 fresh seeds (54-59), planned in docs/study.md before it runs.
+    "keys-long": Preset(
+        envs=(("keys-3", "gaca/Diag-Keys-v0"),), seeds=tuple(range(54, 60)),
+        overrides=tuple(o for o in KEYS_BUDGET if not o.startswith(("iterations", "eval_every")))
+        + ("iterations=24", "eval_every=4"),
+        labels=("gigpo", "ecpo-paper"), pairs=(("ecpo-paper", "gigpo"),)),
     "ci": Preset(envs=(("signs", "gaca/Diag-Signs-v0"),), seeds=(0, 1),
                  overrides=("iterations=2", "eval_every=1", "env.groups=2", "env.group_size=2",
                             "env.eval_episodes=4", "checkpoint_every=0", "warmup.bc_steps=5",

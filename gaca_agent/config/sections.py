@@ -182,7 +182,7 @@ class ServerSection:
 class AlgoSection:
     estimator: str = "gaca"
     """Any registered estimator: grpo, rloo, reinforce_pp, gigpo, gaca, adastep, pgpo,
-    graft, empg."""
+    graft, empg, ecpo, ecpo_scaled, shrink, spread (docs/algorithms.md)."""
     params: dict = field(default_factory=lambda: {"gamma": 0.95, "omega": 1.0})
     """Estimator parameters (the names of docs/algorithms.md)."""
     anchor: Literal["state", "observation"] = "state"
