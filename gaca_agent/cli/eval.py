@@ -49,17 +49,20 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-suites", action="store_true")
     parser.add_argument("--compare", nargs="+", type=Path, default=None,
                         help="print evaluations or suites side by side")
+    parser.add_argument("--leaderboard", nargs="+", type=Path, default=None, metavar="PATH",
+                        help="tables of every gaca-eval folder and gaca-train run under "
+                             "PATH, one per protocol, with Wilson intervals (written to "
+                             "--out as Markdown when given)")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the inputs (env, kwargs, data, policy, model, servers), "
                              "say what would be played, then exit")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def tables(args) -> int | None:
+    """``--list-suites``, ``--compare`` and ``--leaderboard``: print (and write) tables of
+    what exists, play nothing; None when none of them was asked for."""
     from gaca_agent.eval import suites
-
-    parser_ = parser()
-    args = parser_.parse_args(argv)
 
     if args.list_suites:
         for name, suite in suites.SUITES.items():
@@ -68,6 +71,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         print(suites.compare(args.compare))
         return 0
+    if args.leaderboard:
+        from gaca_agent.eval.leaderboard import write
+
+        try:
+            print(write(args.leaderboard, args.out))
+        except (ValueError, OSError, KeyError) as err:
+            return fail(PROG, err)
+        return 0
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gaca_agent.eval import suites
+
+    parser_ = parser()
+    args = parser_.parse_args(argv)
+
+    listed = tables(args)
+    if listed is not None:
+        return listed
     if args.resume:
         try:
             resumed(args)

@@ -89,6 +89,11 @@ def _count_tasks(env_id: str, env_kwargs: dict[str, Any],
         env.close()
 
 
+#: Seed of a training run's held-out episode i is EVAL_SEED + i, in every evaluation of the
+#: run (``gaca-eval --seed 10000`` with the same episodes and kwargs plays the same tasks).
+EVAL_SEED = 10_000
+
+
 def plan(episodes: str | int, num_tasks: int | None, seed: int) -> list[tuple[int, int]]:
     """(task_id, seed) of every episode index (see the module docstring). Without a number
     of tasks (``None``) episode i is task i: its seed alone makes it differ."""

@@ -12,8 +12,6 @@ import numpy as np
 
 from gaca_agent.config import TrainConfig
 
-#: Seed of held-out episode i is EVAL_SEED + i, in every evaluation of a run.
-EVAL_SEED = 10_000
 
 
 def iteration_tasks(cfg: TrainConfig, iteration: int,
@@ -136,7 +134,7 @@ def estimate(acc, cfg: TrainConfig, table):
 def held_out(learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> dict[str, float]:
     """Held-out success on the evaluation episodes (the final evaluation's), each rank
     playing its share."""
-    from gaca_agent.eval.evaluate import plan
+    from gaca_agent.eval.evaluate import EVAL_SEED, plan
 
     acc = learner.accelerator
     tasks = plan(cfg.env.eval_episodes, num_tasks, EVAL_SEED)

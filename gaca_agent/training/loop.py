@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 
 from gaca_agent.config import TrainConfig, to_dict
-from gaca_agent.eval.evaluate import num_tasks_of, plan
+from gaca_agent.eval.evaluate import EVAL_SEED, num_tasks_of, plan
 from gaca_agent.runs.progress import iteration_line, quiet_libraries
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
-from gaca_agent.training.iteration import (EVAL_SEED, drop_stale, episode_records, estimate,
+from gaca_agent.training.iteration import (drop_stale, episode_records, estimate,
                                            globalize, held_out, iteration_tasks, rank_share,
                                            reduce_sums, rollout_metrics, rollout_sums,
                                            staleness_metrics, write_train_report)

@@ -1,0 +1,154 @@
+"""The leaderboard: every policy evaluated on a suite's held-out tasks under one protocol,
+with Wilson 95% intervals, from ``gaca-eval`` folders and ``gaca-train`` runs.
+
+    gaca-eval --leaderboard runs/leaderboard runs/cpu_lm_alfworld --out docs/leaderboard.md
+
+A ``gaca-eval`` folder (``config.json`` + ``results.json``) is one row, named by its
+policy. A ``gaca-train`` run (``config.yaml`` + ``metrics.jsonl``) gives up to three rows
+of its model on its own held-out episodes: zero-shot (``eval_before/*``), after the
+warm-up (``eval/*`` of row -1) and after RL (``final_eval/``, else its last evaluation).
+Rows are grouped by protocol: env, env kwargs (split, step limit), episodes and seed.
+A training run's evaluation plays episode i with seed 10000 + i (``EVAL_SEED``), so a
+``gaca-eval`` row with ``--seed 10000``, the same ``--episodes`` and kwargs plays the same
+tasks. Any other policy (``openai:URL#MODEL``, ``hf:PATH``) joins a table by being
+evaluated under its protocol into a folder the command is given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+#: Env kwargs that name where data lives, not what is played.
+_LOCAL_KWARGS = ("data_dir", "cache_dir")
+
+
+@dataclass(frozen=True)
+class Row:
+    env: str
+    env_kwargs: tuple[tuple[str, str], ...]
+    episodes: str
+    seed: int
+    policy: str
+    n: int
+    successes: int
+    score: float
+    format_invalid: float | None
+    temperature: float | None
+    source: str
+
+    @property
+    def protocol(self) -> tuple:
+        return self.env, self.env_kwargs, self.episodes, self.seed
+
+
+def _kwargs(kwargs: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in (kwargs or {}).items()
+                        if k not in _LOCAL_KWARGS))
+
+
+def eval_row(folder: Path, policy: str | None = None) -> Row:
+    """The row of a ``gaca-eval`` folder (``policy``: a label in place of its spec)."""
+    config = json.loads((folder / "config.json").read_text())
+    res = json.loads((folder / "results.json").read_text())
+    temperature = (config.get("policy_kwargs") or {}).get("temperature")
+    return Row(config["env"], _kwargs(config.get("env_kwargs")), str(config["episodes"]),
+               int(config.get("seed", 0)), policy or config["policy"], int(res["n"]),
+               round(res["success_rate"] * res["n"]), float(res["mean_score"]),
+               res.get("format_invalid_rate"), temperature, str(folder))
+
+
+def train_rows(run: Path) -> list[Row]:
+    """The rows of a ``gaca-train`` run: zero-shot, after the warm-up, after RL (those it
+    has)."""
+    import yaml
+
+    from gaca_agent.runs.rundir import read_metrics
+    from gaca_agent.eval.evaluate import EVAL_SEED
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    env, model = cfg["env"], cfg["model"]
+    n = int(env["eval_episodes"])
+    common = dict(env=env["id"], env_kwargs=_kwargs(env.get("eval_kwargs") or env["kwargs"]),
+                  episodes=str(n), seed=EVAL_SEED, n=n,
+                  temperature=model.get("eval_temperature"))
+    rows = read_metrics(run)
+    warm = next((r for r in rows if r.get("iteration") == -1), {})
+    evals = [r for r in rows if r.get("iteration", -1) >= 0 and "eval/success" in r]
+    name = f"{model['path']} {{}} ({run.name})"
+    found = []
+    for label, prefix, row in (("zero-shot", "eval_before", warm),
+                               ("after warm-up", "eval", warm if cfg.get("warmup", {})
+                                .get("bc_steps") else {}),
+                               ("after RL", "eval", evals[-1] if evals else {})):
+        if f"{prefix}/success" in row:
+            found.append(Row(policy=name.format(label),
+                             successes=round(row[f"{prefix}/success"] * n),
+                             score=float(row[f"{prefix}/score"]),
+                             format_invalid=row.get(f"{prefix}/format_invalid"),
+                             source=str(run), **common))
+    final = run / "final_eval"
+    if (final / "results.json").is_file():  # the run's own record of its last evaluation
+        found = [r for r in found if not r.policy.startswith(name.format("after RL"))]
+        found.append(replace(eval_row(final, name.format("after RL")),
+                             temperature=common["temperature"]))
+    return found
+
+
+def collect(paths: list[Path]) -> list[Row]:
+    """Rows of every ``gaca-eval`` folder and ``gaca-train`` run at or under ``paths`` (two
+    levels down), in the order found; a path that holds neither is an error."""
+    rows: list[Row] = []
+    for path in paths:
+        found = _walk(Path(path), 3)
+        if not found:
+            raise ValueError(f"{path} holds no gaca-eval results (config.json + results.json) "
+                             "and no gaca-train run (config.yaml + metrics.jsonl)")
+        rows += found
+    return rows
+
+
+def _walk(path: Path, depth: int) -> list[Row]:
+    if (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file():
+        return train_rows(path)
+    if (path / "config.json").is_file() and (path / "results.json").is_file():
+        return [eval_row(path)]
+    if depth == 0 or not path.is_dir():
+        return []
+    return [r for child in sorted(path.iterdir()) for r in _walk(child, depth - 1)]
+
+
+def markdown(rows: list[Row]) -> str:
+    """One table per protocol, its rows by success (then score), best first."""
+    from gaca_agent.runs.results import wilson
+
+    tables: dict[tuple, list[Row]] = {}
+    for row in rows:
+        tables.setdefault(row.protocol, []).append(row)
+    lines = []
+    for (env, kwargs, episodes, seed), members in tables.items():
+        shown = ", ".join(f"{k}={v}" for k, v in kwargs) or "defaults"
+        lines += [f"## {env} ({shown})", "",
+                  f"{episodes} episodes, episode i with seed {seed} + i (the same tasks for "
+                  "every row).", "",
+                  "| policy | success (Wilson 95%) | mean score | format-invalid | "
+                  "temperature | source |", "|---|---|---|---|---|---|"]
+        for r in sorted(members, key=lambda r: (-r.successes / max(r.n, 1), -r.score)):
+            low, high = wilson(r.successes, r.n)
+            invalid = "-" if r.format_invalid is None else f"{r.format_invalid:.0%}"
+            temp = "-" if r.temperature is None else f"{r.temperature:g}"
+            lines.append(f"| {r.policy} | {r.successes} / {r.n} ({low:.2f}-{high:.2f}) | "
+                         f"{r.score:.3f} | {invalid} | {temp} | `{r.source}` |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(paths: list[Path], out: Path | None) -> str:
+    """The leaderboard of ``paths`` as Markdown, also written to ``out`` when given."""
+    text = "# Leaderboard\n\n" + markdown(collect(paths))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return text

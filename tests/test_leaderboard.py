@@ -1,0 +1,90 @@
+"""``gaca-eval --leaderboard``: gaca-eval folders and a gaca-train run's three stages in
+one table per protocol, with Wilson intervals; rows of another protocol apart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+
+def fake_run(root, name="lm_signs", final=True):
+    """A gaca-train run folder as the trainer leaves it: its config, a warm-up row with
+    the zero-shot and after-warm-up evaluations, two evaluations after, a final_eval."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "name": name, "env": {"id": "gaca/Diag-Signs-v0", "kwargs": {"split": "train"},
+                              "eval_kwargs": {"split": "test"}, "eval_episodes": 8},
+        "model": {"path": "smollm2", "eval_temperature": 0.4},
+        "warmup": {"bc_steps": 10}}))
+    rows = [{"iteration": -1, "eval_before/success": 0.0, "eval_before/score": 0.0,
+             "eval_before/format_invalid": 1.0, "eval/success": 0.25, "eval/score": 0.25,
+             "eval/format_invalid": 0.5},
+            {"iteration": 0, "rollout/success": 0.3},
+            {"iteration": 1, "eval/success": 0.5, "eval/score": 0.5,
+             "eval/format_invalid": 0.1}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    if final:
+        (run / "final_eval").mkdir()
+        (run / "final_eval" / "config.json").write_text(json.dumps({
+            "env": "gaca/Diag-Signs-v0", "env_kwargs": {"split": "test"}, "policy": "trained",
+            "episodes": "8", "seed": 10000}))
+        (run / "final_eval" / "results.json").write_text(json.dumps({
+            "n": 8, "success_rate": 0.625, "mean_score": 0.625, "format_invalid_rate": 0.05}))
+    return run
+
+
+def test_a_leaderboard_rows_every_policy_on_the_same_tasks(tmp_path):
+    from gaca_agent.cli.eval import main
+    from gaca_agent.eval.leaderboard import collect
+    from gaca_agent.runs.results import wilson
+
+    boards = tmp_path / "runs" / "leaderboard"
+    for policy in ("random", "expert"):  # the training run's protocol: seed 10000, 8 episodes
+        assert main(["--env", "gaca/Diag-Signs-v0", "--env-kwargs", "split=test",
+                     "--policy", policy, "--episodes", "8", "--seed", "10000", "--workers",
+                     "0", "--out", str(boards / "signs" / policy)]) == 0
+    assert main(["--env", "gaca/Diag-Signs-v0", "--env-kwargs", "split=test", "--policy",
+                 "random", "--episodes", "8", "--workers", "0", "--out",
+                 str(boards / "other-seed")]) == 0  # seed 0: other tasks, another table
+    run = fake_run(tmp_path / "runs")
+    out = tmp_path / "docs" / "leaderboard.md"
+    assert main(["--leaderboard", str(boards), str(run), "--out", str(out)]) == 0
+    text = out.read_text()
+    tables = text.split("\n## ")[1:]
+    assert len(tables) == 2
+    same = next(t for t in tables if "seed 10000" in t)
+    lines = [line.split(" | ") for line in same.splitlines()
+             if line.startswith("| ") and "---" not in line][1:]
+    names = [cells[0].lstrip("| ") for cells in lines]
+    wins = [int(cells[1].split(" / ")[0]) for cells in lines]
+    # one table: the expert, random and the run's three stages (after RL: final_eval's
+    # 5 / 8, not its last evaluation's 4 / 8), best first
+    assert sorted(names) == sorted(["expert", "random", "smollm2 zero-shot (lm_signs)",
+                                    "smollm2 after warm-up (lm_signs)",
+                                    "smollm2 after RL (lm_signs)"])
+    assert names[0] == "expert" and wins == sorted(wins, reverse=True)
+    low, high = wilson(5, 8)
+    assert f"| 5 / 8 ({low:.2f}-{high:.2f}) | 0.625 | 5% | 0.4 |" in same
+    assert f"| 0 / 8 (0.00-{wilson(0, 8)[1]:.2f}) | 0.000 | 100% | 0.4 |" in same
+    assert "random" in next(t for t in tables if "seed 0 " in t)
+    rows = {r.policy: r for r in collect([run])}
+    assert rows["smollm2 after warm-up (lm_signs)"].successes == 2
+
+
+def test_without_a_final_evaluation_the_last_evaluation_is_the_after_rl_row(tmp_path):
+    from gaca_agent.eval.leaderboard import collect
+
+    rows = {r.policy: r for r in collect([fake_run(tmp_path, final=False)])}
+    assert rows["smollm2 after RL (lm_signs)"].successes == 4  # 0.5 of 8, iteration 1
+    assert len(rows) == 3
+
+
+def test_a_path_with_no_evaluation_is_one_clear_error(tmp_path, capsys):
+    from gaca_agent.cli.eval import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["--leaderboard", str(tmp_path / "empty")]) != 0
+    assert "holds no gaca-eval results" in capsys.readouterr().err
