@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 
+from gaca_agent.cluster.ray_pool import ray_pool
 from gaca_agent.collect.collector import Collector
 from gaca_agent.config import ClusterSection, EnvSection
 from gaca_agent.policies import make_policy
@@ -64,7 +65,8 @@ def throughput(suite: str, episodes: int, repeats: int) -> dict:
     ray.init(address="local", num_cpus=2, object_store_memory=128 << 20,
              include_dashboard=False, log_to_driver=False)
     local = Collector(section(suite))
-    actors = Collector(section(suite), cluster=ClusterSection(backend="ray", env_actors=2))
+    actors = Collector(section(suite), pool=ray_pool(section(suite),
+                                                     ClusterSection(backend="ray", env_actors=2)))
     out: dict = {"local": [], "ray": [], "steps": 0}
     try:
         for c in (local, actors):  # start the hosts, import the envs, warm their caches
@@ -105,7 +107,8 @@ def recovery(suite: str, episodes: int, repeats: int) -> dict:
         spec = ClusterSection(backend="ray", address=cluster.address, env_actors=2,
                               env_cpus=0.5, env_resources={"envhost": 1})
         try:
-            c = Collector(section(suite, rerun_lost=2), cluster=spec)
+            c = Collector(section(suite, rerun_lost=2),
+                          pool=ray_pool(section(suite, rerun_lost=2), spec))
             timed(c, tasks[:4])  # placed and warm
             clean.append(timed(c, tasks)[0])
             rounds = []

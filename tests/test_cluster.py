@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import has_module
+from gaca_agent.cluster.ray_pool import ray_pool
 from gaca_agent.collect.collector import Collector
 from gaca_agent.config import ClusterSection, EnvSection
 from gaca_agent.policies import make_policy
@@ -148,9 +149,9 @@ def cluster():
 def collector(address, resources=(("envhost", 1),), **env):
     section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
                          invalid_penalty=-0.1, **{"workers": 2, **env})
-    return Collector(section, cluster=ClusterSection(
+    return Collector(section, pool=ray_pool(section, ClusterSection(
         backend="ray", address=address, env_actors=2, env_cpus=0.5,
-        env_resources=dict(resources)))
+        env_resources=dict(resources))))
 
 
 def played(c, **run):

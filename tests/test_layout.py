@@ -110,6 +110,40 @@ def test_no_import_circle():
     assert cycles(import_graph()) == []
 
 
+#: gaca_agent's packages from the bottom up: a module imports only from its own layer or
+#: below (docs/architecture.md, "Layers").
+LAYERS = (("advantages", "types"), ("steps", "learner"), ("generate",),
+          ("policies", "serving", "runs"), ("collect",), ("cluster", "eval"), ("config",),
+          ("analysis", "training"), ("integrations", "view"), ("cli",))
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Edges of ``graph`` from a gaca_agent package to one in a higher layer."""
+    layer = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+
+    def level(module: str) -> int | None:
+        parts = module.split(".")
+        return layer.get(parts[1]) if parts[0] == "gaca_agent" and len(parts) > 1 else None
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if level(a) is not None and level(b) is not None and level(b) > level(a))
+
+
+def test_no_import_goes_up_a_layer():
+    graph = import_graph()
+    packages = {m.split(".")[1] for m in graph if m.startswith("gaca_agent.")
+                and m.count(".") >= 1 and not m.endswith("__init__")}
+    placed = {pkg for pkgs in LAYERS for pkg in pkgs}
+    assert packages - {"__init__"} <= placed, f"packages with no layer: {packages - placed}"
+    assert upward_imports(graph) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert upward_imports({"gaca_agent.collect.pools": {"gaca_agent.cluster.ray_pool"},
+                           "gaca_agent.cluster.ray_pool": {"gaca_agent.collect.workers"}}) \
+        == ["gaca_agent.collect.pools -> gaca_agent.cluster.ray_pool"]
+
+
 def test_cycle_finder_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

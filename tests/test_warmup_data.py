@@ -54,7 +54,7 @@ def test_expert_transcripts_are_the_rl_prompt_and_the_experts_action(name, reque
     from gaca_agent.collect.collector import Collector
     from gaca_agent.config import EnvSection
     from gaca_agent.generate.prompts import format_response
-    from gaca_agent.learner.warmup import transcripts
+    from gaca_agent.generate.transcripts import transcripts
     from gaca_agent.policies.hf import HFPolicy
 
     env_id, kwargs = suite(name, request)

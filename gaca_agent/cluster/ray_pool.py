@@ -166,3 +166,11 @@ class RayPool(HostPool):
                 pass
             self._stop(w)
             self._actors[w] = None
+
+
+def ray_pool(env, cluster):
+    """The collector's pool factory for ``cluster.backend: ray``: a :class:`RayPool` of
+    ``env`` (an env section), made when the collector first needs it."""
+    return lambda: RayPool(env.id, env.kwargs, env.max_live_envs,
+                           cluster.env_actors or max(env.workers, 1), cluster,
+                           env.recycle_after, env.timeout_s)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gaca_agent.config.sections import EnvSection
+from gaca_agent.collect.settings import EnvSection
 from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
 from gaca_agent.generate.sampling import row_key
 from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, action_code, code
@@ -40,25 +40,29 @@ from gaca_envs.core import observation_key
 class Collector:
     """Runs task groups through a policy; owns the env pool and the episode histories.
 
-    ``env`` (gaca-train's env section) says which env and kwargs (``env.kwargs``), how
-    many workers and live episodes, the prompts' history and template, and how a step's
-    reward and penalty are formed. ``token``: the env servers' bearer token (default
-    ``$GACA_ENV_TOKEN``). ``cluster``: gaca-train's cluster section (Ray actors)."""
+    ``env`` (:class:`~gaca_agent.collect.settings.EnvSection`, gaca-train's env section)
+    says which env and kwargs (``env.kwargs``), how many workers and live episodes, the
+    prompts' history and template, and how a step's reward and penalty are formed.
+    ``token``: the env servers' bearer token (default ``$GACA_ENV_TOKEN``). ``pool``: makes
+    the env slots elsewhere (the trainer's Ray actors); by default
+    :func:`~gaca_agent.collect.pools.make_pool` of ``env``."""
 
-    def __init__(self, env: EnvSection, token: str | None = None, cluster=None) -> None:
+    def __init__(self, env: EnvSection, token: str | None = None,
+                 pool: Callable[[], EnvSlots] | None = None) -> None:
         from gaca_agent.generate.families import family_of
 
-        self.config, self.cluster = env, cluster
+        self.config = env
         self.token = token if token is not None else os.environ.get("GACA_ENV_TOKEN")
+        self._make_pool = pool or (lambda: make_pool(env, self.token))
         self.prompts = PromptBuilder(env.history_length, env.template_file)
         self.family = family_of(env.id)
         self._pool: EnvSlots | None = None
 
     @property
     def pool(self) -> EnvSlots:
-        """The env slots (:func:`~gaca_agent.collect.pools.make_pool`), made on first use."""
+        """The env slots, made on first use."""
         if self._pool is None:
-            self._pool = make_pool(self.config, self.token, self.cluster)
+            self._pool = self._make_pool()
         return self._pool
 
     def close(self) -> None:

@@ -90,15 +90,10 @@ class LocalPool:
         self.close()
 
 
-def make_pool(env, token: str | None = None, cluster=None) -> EnvSlots:
-    """The env slots of gaca-train's env section ``env``: on its servers, in Ray actors
-    (``cluster.backend: ray``), in this process (``workers: 0``) or in worker processes."""
-    if cluster is not None and cluster.backend == "ray":
-        from gaca_agent.cluster.ray_pool import RayPool
-
-        return RayPool(env.id, env.kwargs, env.max_live_envs,
-                       cluster.env_actors or max(env.workers, 1), cluster,
-                       env.recycle_after, env.timeout_s)
+def make_pool(env, token: str | None = None) -> EnvSlots:
+    """The env slots of an env section ``env``: on its servers, in this process
+    (``workers: 0``) or in worker processes. (Ray actors are the cluster's:
+    :func:`gaca_agent.cluster.ray_pool.ray_pool`, handed to the collector by the trainer.)"""
     if env.servers:
         from gaca_agent.collect.remote_pool import RemotePool
 

@@ -179,7 +179,7 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
     from tqdm import tqdm
 
     from gaca_agent.collect.collector import Collector
-    from gaca_agent.config import EnvSection
+    from gaca_agent.collect.settings import EnvSection
     from gaca_agent.policies import make_policy
     from gaca_agent.runs.progress import quiet_libraries
 

@@ -1,4 +1,5 @@
-"""Behaviour-cloning warm-up: supervised fine-tuning on transcripts of a policy's episodes.
+"""Behaviour-cloning warm-up: supervised fine-tuning on transcripts of a policy's episodes
+(:func:`gaca_agent.generate.transcripts.transcripts`).
 
 Each step's prompt (exactly as RL builds it: chat template, history) is paired with
 ``<think></think><action>a</action>`` and the model is trained with cross-entropy on those
@@ -13,30 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from gaca_agent.generate.prompts import PromptBuilder, format_response
-from gaca_agent.types import Turn
-
-
-def transcripts(rollout, env_id: str, family: str, builder: PromptBuilder, tokenizer
-                ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids + EOS) for every step of the rollout's episodes."""
-    table = rollout.table
-    pairs = []
-    for ep in rollout.episodes:
-        history: list[tuple[str, str]] = []
-        for i in ep.rows:
-            obs, action = table["observation"][i], table["action_text"][i]
-            turn = Turn(env_id, ep.task, obs, tuple(table["admissible_actions"][i]),
-                        tuple(history), len(history), family=family)
-            prompt = tokenizer.apply_chat_template(
-                [{"role": "user", "content": builder.build(turn)}], tokenize=False,
-                add_generation_prompt=True)
-            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            r_ids = tokenizer(format_response(action), add_special_tokens=False)["input_ids"]
-            pairs.append((p_ids, r_ids + [tokenizer.eos_token_id]))
-            history.append((obs, action))
-    return pairs
 
 
 def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:

@@ -266,7 +266,8 @@ def _warmup(run: Run) -> None:
     """Behaviour cloning on random (the format) or expert transcripts; the warmed-up
     policy becomes the KL reference and is saved in ``reference/`` so that a resumed run
     keeps it."""
-    from gaca_agent.learner.warmup import behaviour_clone, transcripts
+    from gaca_agent.generate.transcripts import transcripts
+    from gaca_agent.learner.warmup import behaviour_clone
     from gaca_agent.policies import make_policy
 
     cfg, learner, tokenizer, collector = run.cfg, run.learner, run.tokenizer, run.collector

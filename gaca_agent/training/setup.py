@@ -87,7 +87,12 @@ def make_collector(cfg: TrainConfig, kwargs: dict):
 
     from gaca_agent.collect.collector import Collector
 
-    return Collector(replace(cfg.env, kwargs=dict(kwargs)), cluster=cfg.cluster)
+    env = replace(cfg.env, kwargs=dict(kwargs))
+    if cfg.cluster.backend != "ray":
+        return Collector(env)
+    from gaca_agent.cluster.ray_pool import ray_pool
+
+    return Collector(env, pool=ray_pool(env, cfg.cluster))
 
 
 def save_ahead(checkpoint: Path, rank: int, batches) -> None:
