@@ -299,6 +299,23 @@ def test_iteration_lines_and_quiet_libraries():
     assert not hf_logging.is_progress_bar_enabled()
 
 
+def test_the_warm_up_says_how_far_it_is_without_a_bar(capsys):
+    """A long warm-up (an LM's: minutes) prints a line at every tenth of its steps and a
+    last line with what it reached, when there is no bar."""
+    from gaca_agent.runs.progress import warmup_line, warmup_progress
+
+    with warmup_progress("lm", 20, bar=False) as on_step:
+        for step in range(1, 21):
+            on_step(step, 2.0 / step)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        f"lm warm-up step {k}/20" for k in range(2, 21, 2)]
+    assert lines[-1].startswith("lm warm-up step 20/20: loss 0.100, ")
+    assert warmup_line("lm", {"warmup/first_loss": 1.69, "warmup/last_loss": 0.2,
+                              "eval/success": 0.125, "eval_before/success": 0.0}) == \
+        "lm warm-up: loss 1.690 -> 0.200, eval success 0.125 (zero-shot 0.000)"
+
+
 # ---------------------------------------------------------- 6. your own env
 def test_a_plain_gymnasium_env_plays_in_gaca_eval(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ planner, gold path or walkthrough) are supervised fine-tuning on its trajectorie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -38,11 +38,13 @@ def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:
 
 
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
-                    device, micro_batch: int | None = None) -> dict[str, Any]:
+                    device, micro_batch: int | None = None,
+                    on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Adam on the response tokens' cross-entropy (mean over a batch's response tokens),
     the batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
     learner's; a model's activations for 8 rows of 1,000 tokens exceed 16 GB); returns the
-    first and last losses. The vocabulary's logits exist a chunk of tokens at a time
+    first and last losses; ``on_step(step, loss)`` after each step (progress). The
+    vocabulary's logits exist a chunk of tokens at a time
     (:mod:`gaca_agent.learner.logprobs`)."""
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
@@ -66,6 +68,8 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
             total += float(loss.detach())
         opt.step()
         losses.append(total)
+        if on_step is not None:
+            on_step(len(losses), total)
     model.eval()
     return {"warmup/first_loss": losses[0] if losses else 0.0,
             "warmup/last_loss": float(np.mean(losses[-10:])) if losses else 0.0,

@@ -4,8 +4,11 @@ bar (``--no-progress``, or output that is not a terminal: a job under a schedule
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Mapping
+import sys
+import time
+from typing import Callable, Iterator, Mapping
 
 
 def quiet_libraries() -> None:
@@ -36,3 +39,40 @@ def iteration_line(name: str, it: int, total: int, metrics: Mapping[str, float],
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
     return f"{name} iteration {it + 1}/{total}: {', '.join(parts)}, {seconds:.1f} s"
+
+
+@contextlib.contextmanager
+def warmup_progress(name: str, steps: int, bar: bool) -> Iterator[Callable[[int, float], None]]:
+    """An ``on_step(step, loss)`` for the warm-up's steps: a bar, or (no bar) a plain line
+    ``NAME warm-up step 8/80: loss 1.234, 95.1 s`` at every tenth of the steps."""
+    from tqdm import tqdm
+
+    shown = tqdm(total=steps, desc=f"{name} warm-up", disable=not bar)
+    start, every = time.perf_counter(), max(1, steps // 10)
+
+    def on_step(step: int, loss: float) -> None:
+        shown.update(1)
+        shown.set_postfix(loss=f"{loss:.3f}")
+        if not bar and (step % every == 0 or step == steps):
+            print(f"{name} warm-up step {step}/{steps}: loss {loss:.3f}, "
+                  f"{time.perf_counter() - start:.1f} s", file=sys.stdout, flush=True)
+
+    try:
+        yield on_step
+    finally:
+        shown.close()
+
+
+def warmup_line(name: str, metrics: Mapping[str, float]) -> str:
+    """``NAME warm-up: loss 1.69 -> 0.21, eval success 0.125 (zero-shot 0.000)``: what the
+    warm-up row holds (the parts it has)."""
+    parts = []
+    if "warmup/first_loss" in metrics:
+        parts.append(f"loss {metrics['warmup/first_loss']:.3f} -> "
+                     f"{metrics['warmup/last_loss']:.3f}")
+    if "eval/success" in metrics:
+        zero = metrics.get("eval_before/success")
+        parts.append(f"eval success {metrics['eval/success']:.3f}"
+                     + ("" if zero is None else f" (zero-shot {zero:.3f})"))
+    return f"{name} warm-up: {', '.join(parts) or 'done'}"
+

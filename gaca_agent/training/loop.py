@@ -16,7 +16,8 @@ import yaml
 
 from gaca_agent.config import TrainConfig, to_dict
 from gaca_agent.eval.evaluate import EVAL_SEED, num_tasks_of, plan
-from gaca_agent.runs.progress import iteration_line, quiet_libraries
+from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_line,
+                                      warmup_progress)
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
 from gaca_agent.training.iteration import (drop_stale, episode_records, estimate,
@@ -101,7 +102,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, progress: bool = True) -
     stage = "the warm-up"
     try:
         if run.start == 0:
-            _warmup(run)
+            _warmup(run, bar_shown)
         elif run.sync is not None:
             run.sync(run.start)  # a resumed run first puts its checkpoint's weights there
         run.source = _source(run)
@@ -262,10 +263,10 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
     return metrics
 
 
-def _warmup(run: Run) -> None:
+def _warmup(run: Run, bar_shown: bool = False) -> None:
     """Behaviour cloning on random (the format) or expert transcripts; the warmed-up
     policy becomes the KL reference and is saved in ``reference/`` so that a resumed run
-    keeps it."""
+    keeps it. Its steps show on a bar, or as a plain line every tenth of them."""
     from gaca_agent.generate.transcripts import transcripts
     from gaca_agent.learner.warmup import behaviour_clone
     from gaca_agent.policies import make_policy
@@ -282,10 +283,11 @@ def _warmup(run: Run) -> None:
             [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
         rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
-        with learner.autocast():  # learner.bf16: the warm-up's passes in bf16 too
+        with learner.autocast(), warmup_progress(cfg.name, w.bc_steps, bar_shown and
+                                                  acc.is_main_process) as on_step:
             metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, w.bc_steps,
                                            w.bc_batch, w.bc_lr, cfg.seed, acc.device,
-                                           cfg.learner.micro_batch_size))
+                                           cfg.learner.micro_batch_size, on_step))
         if w.source == "expert":  # how often the transcripts' expert won
             metrics["warmup/expert_success"] = rollout_metrics(rollout_sums(rollout))[
                 "rollout/success"]
@@ -296,6 +298,8 @@ def _warmup(run: Run) -> None:
     if cfg.eval_every:
         metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
     run.log.log(-1, metrics)
+    if not bar_shown and acc.is_main_process:
+        print(warmup_line(cfg.name, metrics), flush=True)
 
 
 def param_digest(state: dict) -> str:
