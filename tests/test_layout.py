@@ -34,15 +34,26 @@ def test_no_module_over_the_line_limit():
     assert not long, f"modules over {MAX_FILE_LINES} lines: {long}"
 
 
-def test_no_function_over_the_line_limit():
+def long_functions(paths: list[Path], limit: int) -> list[str]:
     long = []
-    for path in sources():
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
+                if length > limit:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length})")
+    return long
+
+
+def test_no_function_over_the_line_limit():
+    long = long_functions(sources(), MAX_FUNCTION_LINES)
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_training_loop_reads_in_short_functions():
+    """One iteration on one screen: training/'s functions stay within 50 lines."""
+    long = long_functions(sorted((ROOT / "gaca_agent" / "training").glob("*.py")), 50)
+    assert not long, f"training functions over 50 lines: {long}"
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -25,6 +25,18 @@ from typing import Any
 _LOCAL_KWARGS = ("data_dir", "cache_dir")
 
 
+INTRO = """# Leaderboard
+
+Every policy evaluated on a suite's held-out tasks, one table per protocol (the env, its
+kwargs, the episodes and their seeds: every row of a table played the same tasks), best
+first, with 95% Wilson intervals. Made by `gaca-eval --leaderboard` (`bash
+scripts/leaderboard.sh` runs the baselines and regenerates this page); a training run
+adds its model zero-shot, after its warm-up and after RL. Add a model by evaluating it
+under a table's protocol ([Evaluating](evaluation.md#the-leaderboard)).
+
+"""
+
+
 @dataclass(frozen=True)
 class Row:
     env: str
@@ -147,7 +159,7 @@ def markdown(rows: list[Row]) -> str:
 
 def write(paths: list[Path], out: Path | None) -> str:
     """The leaderboard of ``paths`` as Markdown, also written to ``out`` when given."""
-    text = "# Leaderboard\n\n" + markdown(collect(paths))
+    text = INTRO + markdown(collect(paths))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

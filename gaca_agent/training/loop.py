@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import yaml
@@ -20,11 +21,11 @@ from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_li
                                       warmup_progress)
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
                                     write_rollouts)
-from gaca_agent.training.iteration import (drop_stale, episode_records, estimate,
+from gaca_agent.training.iteration import (episode_records, estimate,
                                            globalize, held_out, iteration_tasks, rank_share,
                                            reduce_sums, rollout_metrics, rollout_sums,
-                                           staleness_metrics, write_train_report)
-from gaca_agent.training.producer import Batch, Lockstep, Producer
+                                           write_train_report)
+from gaca_agent.training.producer import Batch, Lockstep, Producer, Schedule
 from gaca_agent.training.setup import (load_adapter, load_ahead, make_collector, make_policies,
                                        place_servers, resolve_model, save_ahead)
 from gaca_agent.training.sync import WeightSync
@@ -78,8 +79,6 @@ class Run:
     """A resumed asynchronous run's batches collected before its checkpoint."""
     n_train: int = 0
     n_eval: int = 0
-    waited: float = 0.0
-    """Seconds the learner had waited for the producer up to the last iteration."""
     busy: float = 0.0
     """The server engine's busy seconds up to the last iteration."""
 
@@ -174,7 +173,7 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     if run.server is not None:
         run.sync = WeightSync(learner, run.server, run_dir, cfg.name, served.server,
                               cfg.model.temperature, cfg.model.eval_temperature,
-                              keep=cfg.max_staleness + 1)
+                              keep=Schedule(cfg.max_staleness).served)
     return run
 
 
@@ -192,11 +191,9 @@ def _source(run: Run):
 def collect(run: Run, it: int, version: int | None = None, seed_torch: bool = True) -> Batch:
     """Iteration ``it``'s rollouts (this rank's share of its task groups), every turn
     pinned to weight version ``version`` when given (else: the current weights, ``it``)."""
-    import torch
-
     cfg, acc, learner = run.cfg, run.acc, run.learner
     if seed_torch:  # the lock-step order: a local engine's unkeyed rows draw from it
-        torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
+        seed_update(run, it)
     tasks = iteration_tasks(cfg, it, run.n_train)
     mine = rank_share(len(tasks), acc)
     t0 = time.perf_counter()
@@ -211,42 +208,67 @@ def collect(run: Run, it: int, version: int | None = None, seed_torch: bool = Tr
 
 
 def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
-    """One iteration on ``batch``: estimate, update, sync, log, evaluate, save."""
+    """One iteration on ``batch``. The algorithm: the rows to train on, their advantages,
+    the update. Then the plumbing: publish the weights, observe, persist."""
+    table, dropped = run.source.train_table(batch, partial(seed_update, run))
+    t1 = time.perf_counter()
+    adv, diag, weight = estimate(run.acc, run.cfg, table)
+    metrics = run.learner.update(table, adv)
+    t_update = time.perf_counter() - t1
+    metrics["perf/tokens_per_s"] = metrics["train/tokens"] / max(t_update, 1e-9)
+    metrics.update(publish(run, it + 1))
+    metrics.update(observe(run, it, batch, table, diag, dropped, t_update, t0))
+    run.log.log(it, metrics)
+    persist(run, it, batch.rollout, adv, weight)
+    return metrics
+
+
+def seed_update(run: Run, it: int) -> None:
+    """Seed torch for iteration ``it`` (rank-distinct; the lock-step collection does the
+    same before it collects)."""
     import torch
 
-    cfg, acc, learner = run.cfg, run.acc, run.learner
-    if cfg.max_staleness:  # the producer's thread does not seed: the update does
-        torch.manual_seed(cfg.seed * 1_000_003 + it * 101 + acc.process_index)
-    rollout = batch.rollout
-    dropped = drop_stale(rollout, it, cfg.max_staleness) if cfg.max_staleness else 0
-    table = rollout.training_table()
-    t1 = time.perf_counter()
-    adv, diag, weight = estimate(acc, cfg, table)
-    metrics = learner.update(table, adv)
-    t_update = time.perf_counter() - t1
-    if run.sync is not None:
-        run.source.before_sync(it + 1)
-        metrics.update(run.sync(it + 1))  # the next rollouts use this update's weights
-        run.source.after_sync(it + 1)
-    sums = reduce_sums(acc, rollout_sums(rollout))
-    metrics.update(rollout_metrics(sums))
+    torch.manual_seed(run.cfg.seed * 1_000_003 + it * 101 + run.acc.process_index)
+
+
+def publish(run: Run, version: int) -> dict[str, float]:
+    """Put the update's weights on the inference server (``model.engine: server``): the
+    next rollouts use them."""
+    if run.sync is None:
+        return {}
+    run.source.before_sync(version)
+    metrics = run.sync(version)
+    run.source.after_sync(version)
+    return metrics
+
+
+def observe(run: Run, it: int, batch: Batch, table, diag, dropped: int, t_update: float,
+            t0: float) -> dict[str, float]:
+    """The iteration's rollout, estimator and timing metrics, the batch source's own, and
+    the held-out evaluation when one is due."""
+    cfg, acc = run.cfg, run.acc
+    sums = reduce_sums(acc, rollout_sums(batch.rollout))
+    metrics = rollout_metrics(sums)
     metrics.update({f"adv/{k}": v for k, v in diag.items()})
-    metrics.update({"perf/tokens_per_s": metrics["train/tokens"] / max(t_update, 1e-9),
-                    "perf/env_steps_per_s": sums["steps"] / max(batch.seconds, 1e-9),
+    metrics.update({"perf/env_steps_per_s": sums["steps"] / max(batch.seconds, 1e-9),
                     "perf/collect_s": batch.seconds, "perf/update_s": t_update})
-    if cfg.max_staleness:  # waited: for this batch, and for the producer before the sync
-        waited, run.waited = run.source.waited - run.waited, run.source.waited
-        metrics.update(staleness_metrics(acc, table, it, dropped, waited))
-    last = it + 1 == cfg.iterations
-    if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last):
-        metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+    metrics.update(run.source.report(acc, table, it, dropped))
+    if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
+        metrics.update(held_out(run.learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
     elapsed = time.perf_counter() - t0
     metrics.update({"perf/iteration_s": elapsed,
                     "perf/learner_busy": min(1.0, t_update / max(elapsed, 1e-9))})
     if run.server is not None:  # the share of the iteration with a request in flight
         busy, run.busy = run.server.busy_seconds() - run.busy, run.server.busy_seconds()
         metrics["perf/server_busy"] = min(1.0, busy / max(elapsed, 1e-9))
-    run.log.log(it, metrics)
+    return metrics
+
+
+def persist(run: Run, it: int, rollout, adv, weight) -> None:
+    """The iteration's episodes (with their advantages), the last one's report, and a
+    checkpoint when one is due (with the batches collected ahead of it)."""
+    cfg, acc = run.cfg, run.acc
+    last = it + 1 == cfg.iterations
     rollout.attach(advantage=adv, weight=weight)
     records = episode_records(rollout)
     if cfg.keep_rollouts:
@@ -257,10 +279,9 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
         write_train_report(run.run_dir, cfg, it, records)
     if cfg.checkpoint_every and ((it + 1) % cfg.checkpoint_every == 0 or last):
         ahead = run.source.ahead(it)
-        save_checkpoint(learner, run.run_dir, it, cfg.keep_checkpoints,
+        save_checkpoint(run.learner, run.run_dir, it, cfg.keep_checkpoints,
                         extra=(lambda path: save_ahead(path, acc.process_index, ahead))
                         if ahead else None)
-    return metrics
 
 
 def _warmup(run: Run, bar_shown: bool = False) -> None:

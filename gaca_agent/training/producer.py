@@ -33,6 +33,23 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The version window of ``max_staleness`` K: iteration j is sampled by weight version
+    j - K (never older than the oldest the server still has), so the server serves the
+    last K + 1 versions (LoRA adapters side by side) and the sync keeps their files."""
+
+    staleness: int = 0
+
+    @property
+    def served(self) -> int:
+        """Versions the server keeps, and the sync's files: K + 1."""
+        return self.staleness + 1
+
+    def version_for(self, iteration: int, oldest: int = 0) -> int:
+        return max(oldest, iteration - self.staleness)
+
+
 @dataclass
 class Batch:
     """One iteration's rollouts (this rank's share) and how it was collected."""
@@ -49,7 +66,7 @@ class ProducerStopped(RuntimeError):
 
 
 class Lockstep:
-    """Each batch collected when the learner asks for it."""
+    """Each batch collected when the learner asks for it (its collection seeds torch)."""
 
     waited = 0.0
 
@@ -58,6 +75,13 @@ class Lockstep:
 
     def get(self, iteration: int) -> Batch:
         return self.collect(iteration, None)
+
+    def train_table(self, batch: Batch, seed: Callable[[int], None]) -> tuple[Any, int]:
+        """The rows the update trains on, and the task groups dropped as too stale (none)."""
+        return batch.rollout.training_table(), 0
+
+    def report(self, acc, table, iteration: int, dropped: int) -> dict[str, float]:
+        return {}
 
     def before_sync(self, version: int) -> None:
         pass
@@ -82,6 +106,8 @@ class Producer:
         if staleness < 1:
             raise ValueError(f"a producer runs ahead by max_staleness >= 1, got {staleness}")
         self.collect, self.stop, self.k = collect, stop, staleness
+        self.schedule = Schedule(staleness)
+        self.reported_wait = 0.0  # of ``waited``, what the metrics have reported
         self.pinned, self.drain = pinned, drain
         self.ready: dict[int, Batch] = {b.iteration: b for b in ready or []}
         self.synced = synced  # the newest weight version the server has
@@ -95,7 +121,25 @@ class Producer:
         self._thread.start()
 
     def version_for(self, iteration: int) -> int:
-        return max(self.oldest, iteration - self.k)
+        return self.schedule.version_for(iteration, self.oldest)
+
+    def train_table(self, batch: Batch, seed: Callable[[int], None]) -> tuple[Any, int]:
+        """The rows the update trains on (task groups sampled more than K versions back
+        dropped: the guard behind the schedule), and how many groups were dropped. The
+        update is seeded here: the producer's thread does not seed torch."""
+        from gaca_agent.training.iteration import drop_stale
+
+        seed(batch.iteration)
+        dropped = drop_stale(batch.rollout, batch.iteration, self.k)
+        return batch.rollout.training_table(), dropped
+
+    def report(self, acc, table, iteration: int, dropped: int) -> dict[str, float]:
+        """Staleness of the trained tokens, groups dropped and the learner's wait since
+        the last report (for this batch, and for the producer before the sync)."""
+        from gaca_agent.training.iteration import staleness_metrics
+
+        waited, self.reported_wait = self.waited - self.reported_wait, self.waited
+        return staleness_metrics(acc, table, iteration, dropped, waited)
 
     def _run(self) -> None:
         try:

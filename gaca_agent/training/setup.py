@@ -45,8 +45,10 @@ def make_policies(cfg: TrainConfig, learner, tokenizer):
     from gaca_agent.generate.factory import make_engine
     from gaca_agent.policies.served import ServerPolicy
 
+    from gaca_agent.training.producer import Schedule
+
     engine = make_engine("server", tokenizer=tokenizer, server=cfg.server,
-                         keep_versions=cfg.max_staleness + 1)
+                         keep_versions=Schedule(cfg.max_staleness).served)
     return (*(ServerPolicy(engine, t, m.max_new_tokens, e.history_length, e.template_file)
               for t in (m.temperature, m.eval_temperature)), engine)
 

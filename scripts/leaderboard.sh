@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# docs/leaderboard.md from the baselines and the CPU runs: random and expert on each
+# cpu_lm config's held-out protocol (16 episodes, seed 10000: the tasks the runs evaluate
+# on), then one table per protocol. Finished evaluations are skipped; add a model with
+#   gaca-eval --env ENV --env-kwargs ... --policy openai:URL#MODEL --episodes 16 \
+#             --seed 10000 --out runs/leaderboard/SUITE/NAME
+# and run this again. Training runs found under runs/ (runs/cpu_lm_*) add their rows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -d .venv ] && . .venv/bin/activate
+export HF_HUB_OFFLINE=1
+
+declare -A PROTOCOL=(
+  [alfworld]="--env gaca/ALFWorld-v0 --env-kwargs split=valid_seen max_episode_steps=15"
+  [webshop]="--env gaca/WebShop-v0 --env-kwargs split=test"
+  [scienceworld]="--env gaca/ScienceWorld-v0 --env-kwargs split=dev task_types=boil max_episode_steps=30"
+)
+for suite in alfworld webshop scienceworld; do
+  for policy in random expert; do
+    # shellcheck disable=SC2086
+    gaca-eval ${PROTOCOL[$suite]} --policy "$policy" --episodes 16 --seed 10000 \
+      --workers 1 --out "runs/leaderboard/$suite/$policy" > /dev/null
+  done
+done
+gaca-eval --leaderboard runs/leaderboard $(ls -d runs/cpu_lm_* 2>/dev/null) \
+  --out docs/leaderboard.md > /dev/null
+echo "wrote docs/leaderboard.md"
