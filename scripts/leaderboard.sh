@@ -7,7 +7,7 @@
 # and run this again. Training runs found under runs/ (runs/cpu_lm_*) add their rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -d .venv ] && . .venv/bin/activate
+if [ -d .venv ]; then . .venv/bin/activate; fi
 export HF_HUB_OFFLINE=1
 
 declare -A PROTOCOL=(
