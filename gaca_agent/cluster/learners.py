@@ -93,11 +93,9 @@ class LearnerRank:
             config: str | None = None) -> int:
         """Run ``python *args`` (``{config}`` in ``args``: a file holding ``config``)
         until it exits; its exit code."""
-        import subprocess
-
         import ray
 
-        from gaca_agent.cluster.servers import die_with_parent
+        from gaca_agent.cluster import reaper
 
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
             if config is not None:
@@ -105,9 +103,8 @@ class LearnerRank:
                 f.flush()
             env = {**os.environ, **env,
                    ADDRESS_VAR: ray.get_runtime_context().gcs_address}
-            proc = subprocess.Popen([sys.executable, *(a.replace("{config}", f.name)
-                                                       for a in args)],
-                                    env=env, cwd=cwd, preexec_fn=die_with_parent)
+            proc = reaper.start([sys.executable, *(a.replace("{config}", f.name)
+                                                   for a in args)], env=env, cwd=cwd)
             return proc.wait()
 
 

@@ -1,8 +1,9 @@
 """Inference servers placed by Ray (``cluster.servers: N``): one :class:`ServerActor` per
 server, spread over the nodes that have ``cluster.server_resources`` (a GPU each, or a
 tensor-parallel group's), each starting ``cluster.server_command`` on a free port of its
-node, waiting for its ``/health``, and stopping it when the run ends. The server process
-dies with its actor (and so with its node): the run's
+node, waiting for its ``/health``, and stopping it when the run ends. The server process,
+and every process it starts, dies with its actor (and so with its node:
+:mod:`gaca_agent.cluster.reaper`): the run's
 :class:`~gaca_agent.generate.server_group.ServerGroup` then sends that server's turns to
 the others."""
 
@@ -16,14 +17,7 @@ import tempfile
 import time
 import urllib.request
 
-
-def die_with_parent() -> None:
-    """In a process an actor starts, before it runs: killed when the actor's process
-    ends (an inference server, a learner rank)."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+from gaca_agent.cluster import reaper
 
 
 KEY_VARS = ("GACA_SERVE_API_KEY", "VLLM_API_KEY")
@@ -48,13 +42,13 @@ class ServerActor:
         # the key by environment, not on the command line (which any user of the node
         # can read): gaca-serve and vLLM read these
         key_env = {v: self.api_key for v in KEY_VARS} if self.api_key else {}
-        self.proc = subprocess.Popen(words, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **key_env},
-                                     preexec_fn=die_with_parent)
+        # in a process group that ends with this actor (its own workers too)
+        self.proc = reaper.start(words, stdout=self.log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, **key_env})
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
+                reaper.stop(self.proc, timeout_s=5)
                 self.log.seek(0)
                 tail = self.log.read()[-1500:].strip()
                 shown = " ".join(words).replace(self.api_key or "\0", "***")
@@ -76,11 +70,7 @@ class ServerActor:
         return f"http://{self.host}:{self.port}/v1"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        reaper.stop(self.proc)
         self.log.close()
 
 

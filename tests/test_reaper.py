@@ -1,0 +1,79 @@
+"""An actor's child process group (gaca_agent.cluster.reaper): a server's own workers end
+with the actor that started it, whether the actor stops it or dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A stand-in actor: starts a "server" under a reaper that itself starts a worker (a
+# grandchild of the actor), prints both pids, then waits to be stopped or killed.
+ACTOR = """
+import subprocess, sys, time
+from gaca_agent.cluster import reaper
+
+if __name__ == "__main__":
+    server = reaper.start([sys.executable, "-c",
+        "import subprocess, sys, time; w = subprocess.Popen(['sleep', '600']); "
+        "print(w.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    worker = server.stdout.readline().strip()
+    print(server.pid, worker, flush=True)
+    if sys.argv[1] == "stop":
+        reaper.stop(server)
+        print("stopped", flush=True)
+    time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def start_actor(tmp_path, how: str):
+    script = tmp_path / "actor.py"
+    script.write_text(ACTOR)
+    actor = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE,
+                             text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    server, worker = (int(x) for x in actor.stdout.readline().split())
+    assert alive(server) and alive(worker)
+    return actor, server, worker
+
+
+def test_a_dead_actors_server_and_its_workers_end(tmp_path):
+    actor, server, worker = start_actor(tmp_path, "wait")
+    actor.send_signal(signal.SIGKILL)  # the actor's process lost, as with its node
+    actor.wait()
+    # the kernel tells the reaper, which ends its group: generous for a loaded machine
+    assert gone_within([server, worker], 60), "the server's worker outlived its actor"
+
+
+def test_stopping_a_server_ends_its_workers_too(tmp_path):
+    actor, server, worker = start_actor(tmp_path, "stop")
+    try:
+        assert actor.stdout.readline().strip() == "stopped"
+        assert gone_within([server, worker], 60)
+    finally:
+        actor.kill()
+        actor.wait()
