@@ -100,6 +100,54 @@ def test_a_request_is_checked_against_the_nodes_before_anything_starts():
         fit_problem([{"CPU": 3.0, "webshop_index": 1.0}], nodes, "x")
 
 
+def test_a_runs_placement_is_data_checked_whole_and_printed_by_dry_run(capsys):
+    """The three roles from the cluster section; each fits alone but not together: one
+    line naming the plan. --dry-run prints the plan (without starting Ray)."""
+    from gaca_agent.cli.train import main
+    from gaca_agent.cluster.fit import placement, plan_problem
+
+    spec = ClusterSection(backend="ray", env_actors=3, env_cpus=1.0, servers=1,
+                          server_cpus=1.0, server_resources={"GPU": 1}, learners=2,
+                          learner_cpus=2.0, learner_gpus=1)
+    roles = placement(spec, env_workers=1)
+    assert [(r.name, r.count) for r in roles] == [("env actors", 3), ("inference servers", 1),
+                                                  ("learner ranks", 2)]
+    assert roles[2].resources == {"CPU": 2.0, "GPU": 1.0}
+    assert roles[1].line() == "1 inference servers, each CPU 1, GPU 1"
+    nodes = [{"CPU": 4.0, "GPU": 2.0}, {"CPU": 4.0, "GPU": 1.0}]
+    assert plan_problem(roles, nodes) is None  # 9 CPU > 8 below
+    small = [{"CPU": 4.0, "GPU": 2.0}, {"CPU": 4.0}]
+    assert plan_problem(roles, small) == (
+        "the plan (3 env actors, each CPU 1; 1 inference servers, each CPU 1, GPU 1; "
+        "2 learner ranks, each CPU 2, GPU 1): 6 of them ask for 3 GPU in all; the cluster "
+        "has 2")
+    assert plan_problem(roles, [{"CPU": 8.0, "GPU": 0.5}, {"CPU": 1.0, "GPU": 4.0}]) \
+        .startswith("2 learner ranks: no node has")
+    assert placement(ClusterSection(backend="ray"), env_workers=4)[0].count == 4
+    assert main(["--config", "default", "--dry-run", "cluster.backend=ray",
+                 "cluster.env_actors=2", "cluster.env_cpus=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "# placement (cluster.backend: ray)" in out and "2 env actors, each CPU 0.5" in out
+
+
+@pytest.mark.slow
+def test_gaca_train_refuses_a_plan_its_ray_cannot_hold_before_anything_starts(tmp_path):
+    """On a Ray it starts for itself (this machine's CPUs), env actors asking for 64 CPUs
+    each: one line, exit code 2, no run folder."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gaca_agent.cli.train", "--config",
+                           "default", "cluster.backend=ray", "cluster.env_cpus=64",
+                           f"out_dir={tmp_path}", "name=r"], capture_output=True, text=True,
+                          env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+                          timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cannot place 1 env actors: no node has {'CPU': 64.0}" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_env_actors_the_cluster_has_no_room_for_stop_the_run_with_what_they_asked():
     """Not a wait of env.timeout_s per call, forever: requests past what the nodes hold
     are one error at once, naming them; room taken by others is waited for timeout_s."""

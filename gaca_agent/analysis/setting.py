@@ -84,6 +84,13 @@ def describe(config: TrainConfig) -> str:
     width = max(len(r[0]) for r in rows)
     table = "\n".join(f"  {name:<{width}}  {ours}\n  {'':<{width}}  (verl-agent: {theirs})"
                       for name, ours, theirs in rows)
-    return (yaml.safe_dump(to_dict(config), sort_keys=False)
+    text = (yaml.safe_dump(to_dict(config), sort_keys=False)
             + f"\n# setting ({config.algo.estimator}), against verl-agent's GiGPO scripts:\n"
             + table)
+    if config.cluster.backend == "ray":
+        from gaca_agent.cluster.fit import placement
+
+        text += "\n\n# placement (cluster.backend: ray), checked against the cluster at start:\n" \
+            + "\n".join(f"  {role.line()}" for role in placement(config.cluster,
+                                                                  config.env.workers))
+    return text

@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninputs checked: the env builds with both kwargs, the data and model are "
               "found, the servers answer")
         return 0
+    if cfg.cluster.backend == "ray" and "RANK" not in os.environ:  # before anything starts
+        from gaca_agent.cluster.ray_pool import check_placement
+
+        problem = check_placement(cfg.cluster, cfg.env.workers)
+        if problem:
+            return fail(PROG, f"cannot place {problem} (lower the requests or add nodes)")
     if cfg.cluster.learners and "RANK" not in os.environ:  # not yet one of the ranks
         return launch(cfg, args)
     try:

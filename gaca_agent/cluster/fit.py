@@ -1,9 +1,12 @@
-"""Whether a set of Ray resource requests can ever be placed on a cluster's nodes: a
-request that no node holds, or requests that add up to more than all nodes hold, are
-found before anything starts (waiting for them would only end at a timeout)."""
+"""Placement as data: what a Ray run places (:func:`placement`: env actors, inference
+servers, learner ranks, each with what it asks of a node), and whether it can ever be
+placed on a cluster's nodes: a request that no node holds, or requests that add up to
+more than all nodes hold, are found before anything starts (waiting for them would only
+end at a timeout)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -40,3 +43,47 @@ def node_resources() -> list[dict[str, float]]:
     import ray
 
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+@dataclass(frozen=True)
+class Role:
+    """One kind of actor a run places: how many, and what each asks of a node."""
+
+    name: str
+    count: int
+    resources: dict[str, float]
+
+    def line(self) -> str:
+        asked = ", ".join(f"{k} {v:g}" for k, v in self.resources.items() if v > 0) or "nothing"
+        return f"{self.count} {self.name}, each {asked}"
+
+
+def placement(cluster, env_workers: int) -> list[Role]:
+    """What ``cluster.backend: ray`` places, from gaca-train's cluster section and
+    ``env.workers``: env actors (always), inference servers and learner ranks (when
+    asked for)."""
+    roles = [Role("env actors", cluster.env_actors or max(env_workers, 1),
+                  {"CPU": float(cluster.env_cpus),
+                   "memory": float(cluster.env_memory_mb << 20),
+                   **{k: float(v) for k, v in cluster.env_resources.items()}})]
+    if cluster.servers:
+        roles.append(Role("inference servers", cluster.servers,
+                          {"CPU": float(cluster.server_cpus),
+                           **{k: float(v) for k, v in cluster.server_resources.items()}}))
+    if cluster.learners:
+        roles.append(Role("learner ranks", cluster.learners,
+                          {"CPU": float(cluster.learner_cpus),
+                           "GPU": float(cluster.learner_gpus),
+                           **{k: float(v) for k, v in cluster.learner_resources.items()}}))
+    return roles
+
+
+def plan_problem(roles: Sequence[Role], nodes: Sequence[dict[str, float]]) -> str | None:
+    """Why the whole plan cannot be placed on ``nodes`` (one line), or None: each role
+    alone, then every role together."""
+    for role in roles:
+        problem = fit_problem([role.resources] * role.count, nodes, f"{role.count} {role.name}")
+        if problem:
+            return problem
+    return fit_problem([r.resources for r in roles for _ in range(r.count)], nodes,
+                       "the plan (" + "; ".join(r.line() for r in roles) + ")")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gaca_agent.cluster.fit import fit_problem, node_resources
+from gaca_agent.cluster.fit import fit_problem, node_resources, placement, plan_problem
 from gaca_agent.collect.workers import EnvHost, HostPool
 
 
@@ -49,6 +49,13 @@ def connect(cluster, log_to_driver: bool = False) -> None:
     else:
         ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
                  include_dashboard=False, log_to_driver=log_to_driver)
+
+
+def check_placement(cluster, env_workers: int) -> str | None:
+    """Join (or start) the run's Ray and say in one line why the run's whole placement
+    (:func:`~gaca_agent.cluster.fit.placement`) cannot fit its nodes; None when it can."""
+    connect(cluster, log_to_driver=bool(cluster.learners))  # the ranks' output shows here
+    return plan_problem(placement(cluster, env_workers), node_resources())
 
 
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
