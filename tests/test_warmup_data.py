@@ -161,3 +161,39 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
         if micro is None:
             whole = second
         assert second == pytest.approx(whole, rel=1e-4)  # the same step either way
+
+
+def test_a_bf16_warm_up_trains_the_weights_it_computes_with(tiny_model_path):
+    """Under the learner's bf16 autocast (learner.bf16) the warm-up reaches what fp32
+    reaches: each step computes with the weights the last step made. (An autocast region
+    around all the steps keeps its first bf16 casts of the weights: the reported loss
+    falls while the model itself does not learn; the first ALFWorld runs did that.)"""
+    import functools
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gaca_agent.learner.warmup import behaviour_clone, clone_batch
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    pairs = [([5, 6, 7, 8, 9], [10, 11, tokenizer.eos_token_id]),
+             ([12, 13], [14, 15, 16, 17, tokenizer.eos_token_id])]
+    b = clone_batch(pairs, tokenizer.pad_token_id)
+    labels = torch.full_like(b["input_ids"], -100)
+    for row, (p, r) in enumerate(pairs):
+        labels[row, len(p):len(p) + len(r)] = torch.tensor(r)
+    bf16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    final = {}
+    for name, autocast in (("fp32", None), ("bf16", bf16)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path).float()
+        with torch.no_grad():
+            start = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                          labels=labels).loss.item()
+        behaviour_clone(model, tokenizer, pairs, steps=20, batch=2, lr=1e-2, seed=0,
+                        device=torch.device("cpu"),
+                        **({"autocast": autocast} if autocast else {}))
+        with torch.no_grad():
+            final[name] = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                labels=labels).loss.item()
+    assert final["fp32"] < 0.5 * start
+    assert final["bf16"] == pytest.approx(final["fp32"], rel=0.25, abs=0.05)

@@ -10,7 +10,8 @@ planner, gold path or walkthrough) are supervised fine-tuning on its trajectorie
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -39,13 +40,18 @@ def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:
 
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
                     device, micro_batch: int | None = None,
-                    on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+                    on_step: Callable[[int, float], None] | None = None,
+                    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+                    ) -> dict[str, Any]:
     """Adam on the response tokens' cross-entropy (mean over a batch's response tokens),
     the batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
     learner's; a model's activations for 8 rows of 1,000 tokens exceed 16 GB); returns the
     first and last losses; ``on_step(step, loss)`` after each step (progress). The
     vocabulary's logits exist a chunk of tokens at a time
-    (:mod:`gaca_agent.learner.logprobs`)."""
+    (:mod:`gaca_agent.learner.logprobs`). ``autocast`` (the learner's) is entered around
+    each forward pass only: an autocast region caches its bf16 casts of the weights, so
+    one spanning several optimizer steps would keep computing with the first step's
+    weights while the fp32 masters move."""
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
     rng = np.random.default_rng(seed)
@@ -61,8 +67,9 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
         for start in range(0, batch, step_rows):
             b = {k: v.to(device) for k, v in clone_batch(
                 chosen[start:start + step_rows], tokenizer.pad_token_id).items()}
-            logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                             b["positions"], b["targets"])
+            with autocast():
+                logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                                 b["positions"], b["targets"])
             loss = -(logp * b["mask"]).sum() / tokens
             loss.backward()
             total += float(loss.detach())

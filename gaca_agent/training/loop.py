@@ -304,11 +304,12 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
             [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
         rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
         pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
-        with learner.autocast(), warmup_progress(cfg.name, w.bc_steps, bar_shown and
-                                                  acc.is_main_process) as on_step:
+        with warmup_progress(cfg.name, w.bc_steps,
+                             bar_shown and acc.is_main_process) as on_step:
             metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, w.bc_steps,
                                            w.bc_batch, w.bc_lr, cfg.seed, acc.device,
-                                           cfg.learner.micro_batch_size, on_step))
+                                           cfg.learner.micro_batch_size, on_step,
+                                           autocast=learner.autocast))  # learner.bf16
         if w.source == "expert":  # how often the transcripts' expert won
             metrics["warmup/expert_success"] = rollout_metrics(rollout_sums(rollout))[
                 "rollout/success"]
