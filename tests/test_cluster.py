@@ -110,24 +110,25 @@ def test_a_runs_placement_is_data_checked_whole_and_printed_by_dry_run(capsys):
                           server_cpus=1.0, server_resources={"GPU": 1}, learners=2,
                           learner_cpus=2.0, learner_gpus=1)
     roles = placement(spec, env_workers=1)
-    assert [(r.name, r.count) for r in roles] == [("env actors", 3), ("inference servers", 1),
-                                                  ("learner ranks", 2)]
+    # env actors: 3 per collector, a training and a held-out collector in each of 2 ranks
+    assert [(r.name.split(" (")[0], r.count) for r in roles] == [
+        ("env actors", 12), ("inference servers", 1), ("learner ranks", 2)]
     assert roles[2].resources == {"CPU": 2.0, "GPU": 1.0}
     assert roles[1].line() == "1 inference servers, each CPU 1, GPU 1"
-    nodes = [{"CPU": 4.0, "GPU": 2.0}, {"CPU": 4.0, "GPU": 1.0}]
-    assert plan_problem(roles, nodes) is None  # 9 CPU > 8 below
-    small = [{"CPU": 4.0, "GPU": 2.0}, {"CPU": 4.0}]
-    assert plan_problem(roles, small) == (
-        "the plan (3 env actors, each CPU 1; 1 inference servers, each CPU 1, GPU 1; "
-        "2 learner ranks, each CPU 2, GPU 1): 6 of them ask for 3 GPU in all; the cluster "
-        "has 2")
-    assert plan_problem(roles, [{"CPU": 8.0, "GPU": 0.5}, {"CPU": 1.0, "GPU": 4.0}]) \
+    assert plan_problem(roles, [{"CPU": 10.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 1.0}]) is None
+    together = plan_problem(roles, [{"CPU": 10.0, "GPU": 2.0}, {"CPU": 8.0}])
+    assert together.startswith("the plan (12 env actors (3 per collector, 2 collectors per "
+                               "learner process, 2 processes), each CPU 1; ")
+    assert together.endswith("15 of them ask for 3 GPU in all; the cluster has 2")
+    assert plan_problem(roles, [{"CPU": 20.0, "GPU": 0.5}, {"CPU": 1.0, "GPU": 4.0}]) \
         .startswith("2 learner ranks: no node has")
-    assert placement(ClusterSection(backend="ray"), env_workers=4)[0].count == 4
+    assert placement(ClusterSection(backend="ray"), env_workers=4)[0].count == 8
     assert main(["--config", "default", "--dry-run", "cluster.backend=ray",
                  "cluster.env_actors=2", "cluster.env_cpus=0.5"]) == 0
     out = capsys.readouterr().out
-    assert "# placement (cluster.backend: ray)" in out and "2 env actors, each CPU 0.5" in out
+    assert "# placement (cluster.backend: ray)" in out
+    assert "4 env actors (2 per collector, 2 collectors per learner process, 1 process), " \
+        "each CPU 0.5" in out
 
 
 @pytest.mark.slow
@@ -144,7 +145,8 @@ def test_gaca_train_refuses_a_plan_its_ray_cannot_hold_before_anything_starts(tm
                           env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
                           timeout=600)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "cannot place 1 env actors: no node has {'CPU': 64.0}" in done.stderr
+    assert "cannot place 2 env actors (1 per collector, 2 collectors per learner process, " \
+        "1 process): no node has {'CPU': 64.0}" in done.stderr
     assert not (tmp_path / "r").exists()
 
 

@@ -25,6 +25,7 @@ if __name__ == "__main__":
     worker = server.stdout.readline().strip()
     print(server.pid, worker, flush=True)
     if sys.argv[1] == "stop":
+        sys.stdin.readline()  # the test has seen both alive
         reaper.stop(server)
         print("stopped", flush=True)
     time.sleep(600)
@@ -54,8 +55,9 @@ def gone_within(pids: list[int], seconds: float) -> bool:
 def start_actor(tmp_path, how: str):
     script = tmp_path / "actor.py"
     script.write_text(ACTOR)
-    actor = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE,
-                             text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    actor = subprocess.Popen([sys.executable, str(script), how], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     server, worker = (int(x) for x in actor.stdout.readline().split())
     assert alive(server) and alive(worker)
     return actor, server, worker
@@ -72,6 +74,8 @@ def test_a_dead_actors_server_and_its_workers_end(tmp_path):
 def test_stopping_a_server_ends_its_workers_too(tmp_path):
     actor, server, worker = start_actor(tmp_path, "stop")
     try:
+        actor.stdin.write("go\n")
+        actor.stdin.flush()
         assert actor.stdout.readline().strip() == "stopped"
         assert gone_within([server, worker], 60)
     finally:

@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.cluster.backend == "ray" and "RANK" not in os.environ:  # before anything starts
         from gaca_agent.cluster.ray_pool import check_placement
 
+        if not args.resume:
+            try:
+                refuse_existing((Path(cfg.out_dir) / cfg.name).resolve())
+            except RunExists as err:
+                return fail(PROG, err)
+
         problem = check_placement(cfg.cluster, cfg.env.workers)
         if problem:
             return fail(PROG, f"cannot place {problem} (lower the requests or add nodes)")

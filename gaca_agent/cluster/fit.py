@@ -60,9 +60,14 @@ class Role:
 
 def placement(cluster, env_workers: int) -> list[Role]:
     """What ``cluster.backend: ray`` places, from gaca-train's cluster section and
-    ``env.workers``: env actors (always), inference servers and learner ranks (when
-    asked for)."""
-    roles = [Role("env actors", cluster.env_actors or max(env_workers, 1),
+    ``env.workers``: env actors (always: each learner process has two collectors, the
+    training and the held-out one, each with its own actors), inference servers and
+    learner ranks (when asked for)."""
+    per_collector = cluster.env_actors or max(env_workers, 1)
+    processes = max(cluster.learners, 1)
+    roles = [Role(f"env actors ({per_collector} per collector, 2 collectors per learner "
+                  f"process, {processes} process{'es' if processes > 1 else ''})",
+                  2 * per_collector * processes,
                   {"CPU": float(cluster.env_cpus),
                    "memory": float(cluster.env_memory_mb << 20),
                    **{k: float(v) for k, v in cluster.env_resources.items()}})]
