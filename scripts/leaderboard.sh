@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# docs/leaderboard.md from the baselines and the CPU runs: random and expert on each
+# docs/leaderboard.md from the baselines and the CPU runs: random, expert and SmolLM2
+# zero-shot (GACA_LEADERBOARD_MODELS=0 leaves it out) on each
 # cpu_lm config's held-out protocol (16 episodes, seed 10000: the tasks the runs evaluate
 # on), then one table per protocol. Finished evaluations are skipped; add a model with
 #   gaca-eval --env ENV --env-kwargs ... --policy openai:URL#MODEL --episodes 16 \
@@ -21,6 +22,12 @@ for suite in alfworld webshop scienceworld; do
     gaca-eval ${PROTOCOL[$suite]} --policy "$policy" --episodes 16 --seed 10000 \
       --workers 1 --out "runs/leaderboard/$suite/$policy" > /dev/null
   done
+  # SmolLM2 zero-shot, with the CPU configs' response budget (minutes on 2 cores)
+  if [ "${GACA_LEADERBOARD_MODELS:-1}" = 1 ]; then
+    # shellcheck disable=SC2086
+    gaca-eval ${PROTOCOL[$suite]} --policy smollm2 --policy-kwargs max_new_tokens=32 \
+      --episodes 16 --seed 10000 --workers 1 --out "runs/leaderboard/$suite/smollm2" > /dev/null
+  fi
 done
 gaca-eval --leaderboard runs/leaderboard $(ls -d runs/cpu_lm_* 2>/dev/null) \
   --out docs/leaderboard.md > /dev/null
