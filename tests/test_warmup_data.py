@@ -134,7 +134,8 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gaca_agent.learner.warmup import behaviour_clone, clone_batch
+    from gaca_agent.learner.batch import pad_batch
+    from gaca_agent.learner.warmup import behaviour_clone, pair_table
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     torch.manual_seed(0)
@@ -143,8 +144,9 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
              ([12, 13], [14, 15, 16, 17, tokenizer.eos_token_id]),
              ([18, 19, 20, 21], [22, tokenizer.eos_token_id])]
     # the rows behaviour_clone's first step draws (its seed's generator)
-    rng_batch = [pairs[i] for i in np.random.default_rng(3).integers(len(pairs), size=3)]
-    b = clone_batch(rng_batch, tokenizer.pad_token_id)
+    drawn = np.random.default_rng(3).integers(len(pairs), size=3)
+    rng_batch = [pairs[i] for i in drawn]
+    b = pad_batch(pair_table(pairs), drawn, tokenizer.pad_token_id, "cpu")
     labels = torch.full_like(b["input_ids"], -100)
     for row, (p, r) in enumerate(rng_batch):
         labels[row, len(p):len(p) + len(r)] = torch.tensor(r)
@@ -173,12 +175,13 @@ def test_a_bf16_warm_up_trains_the_weights_it_computes_with(tiny_model_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gaca_agent.learner.warmup import behaviour_clone, clone_batch
+    from gaca_agent.learner.batch import pad_batch
+    from gaca_agent.learner.warmup import behaviour_clone, pair_table
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     pairs = [([5, 6, 7, 8, 9], [10, 11, tokenizer.eos_token_id]),
              ([12, 13], [14, 15, 16, 17, tokenizer.eos_token_id])]
-    b = clone_batch(pairs, tokenizer.pad_token_id)
+    b = pad_batch(pair_table(pairs), np.arange(len(pairs)), tokenizer.pad_token_id, "cpu")
     labels = torch.full_like(b["input_ids"], -100)
     for row, (p, r) in enumerate(pairs):
         labels[row, len(p):len(p) + len(r)] = torch.tensor(r)

@@ -58,12 +58,17 @@ class Role:
         return f"{self.count} {self.name}, each {asked}"
 
 
+def actors_per_collector(cluster, env_workers: int) -> int:
+    """Env actors of one collector: ``cluster.env_actors``, else ``env.workers`` (>= 1)."""
+    return cluster.env_actors or max(env_workers, 1)
+
+
 def placement(cluster, env_workers: int) -> list[Role]:
     """What ``cluster.backend: ray`` places, from gaca-train's cluster section and
     ``env.workers``: env actors (always: each learner process has two collectors, the
     training and the held-out one, each with its own actors), inference servers and
     learner ranks (when asked for)."""
-    per_collector = cluster.env_actors or max(env_workers, 1)
+    per_collector = actors_per_collector(cluster, env_workers)
     processes = max(cluster.learners, 1)
     roles = [Role(f"env actors ({per_collector} per collector, 2 collectors per learner "
                   f"process, {processes} process{'es' if processes > 1 else ''})",

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gaca_agent.cluster.fit import fit_problem, node_resources, placement, plan_problem
+from gaca_agent.cluster.fit import (actors_per_collector, fit_problem, node_resources,
+                                    placement, plan_problem)
 from gaca_agent.collect.workers import EnvHost, HostPool
 
 
@@ -179,5 +180,5 @@ def ray_pool(env, cluster):
     """The collector's pool factory for ``cluster.backend: ray``: a :class:`RayPool` of
     ``env`` (an env section), made when the collector first needs it."""
     return lambda: RayPool(env.id, env.kwargs, env.max_live_envs,
-                           cluster.env_actors or max(env.workers, 1), cluster,
+                           actors_per_collector(cluster, env.workers), cluster,
                            env.recycle_after, env.timeout_s)

@@ -17,25 +17,15 @@ import numpy as np
 import torch
 
 
-def clone_batch(pairs, pad: int) -> dict[str, torch.Tensor]:
-    """Right-padded (prompt + response) ids with, per row, the positions that predict its
-    response tokens, those tokens and their mask (the shapes of
-    :func:`~gaca_agent.learner.logprobs.forward_token_logprobs`)."""
-    width = max(len(p) + len(r) for p, r in pairs)
-    span = max(len(r) for _, r in pairs)
-    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(pairs), width), dtype=torch.long)
-    positions = torch.zeros((len(pairs), span), dtype=torch.long)
-    targets = torch.full((len(pairs), span), pad, dtype=torch.long)
-    mask = torch.zeros((len(pairs), span))
-    for b, (p, r) in enumerate(pairs):
-        ids[b, :len(p) + len(r)] = torch.tensor(p + r)
-        attn[b, :len(p) + len(r)] = 1
-        positions[b, :len(r)] = torch.arange(len(p) - 1, len(p) + len(r) - 1)
-        targets[b, :len(r)] = torch.tensor(r)
-        mask[b, :len(r)] = 1.0
-    return {"input_ids": ids, "attention_mask": attn, "positions": positions,
-            "targets": targets, "mask": mask}
+def pair_table(pairs):
+    """The (prompt ids, response ids) pairs as the learner's token rows, each a row that
+    :func:`~gaca_agent.learner.batch.pad_batch` pads like an update's."""
+    from gaca_agent.learner.batch import with_advantages
+    from gaca_agent.steps import StepTable
+
+    table = StepTable.from_tokens([p for p, _ in pairs], [r for _, r in pairs],
+                                  [np.zeros(len(r)) for _, r in pairs])
+    return with_advantages(table, np.zeros(len(pairs)))
 
 
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
@@ -52,21 +42,23 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
     each forward pass only: an autocast region caches its bf16 casts of the weights, so
     one spanning several optimizer steps would keep computing with the first step's
     weights while the fp32 masters move."""
+    from gaca_agent.learner.batch import pad_batch
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
+    table = pair_table(pairs)
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     step_rows = micro_batch or batch
     model.train()
     losses = []
     for _ in range(steps):
-        chosen = [pairs[i] for i in rng.integers(len(pairs), size=batch)]
-        tokens = sum(len(r) for _, r in chosen)
+        chosen = rng.integers(len(pairs), size=batch)
+        tokens = sum(len(pairs[i][1]) for i in chosen)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for start in range(0, batch, step_rows):
-            b = {k: v.to(device) for k, v in clone_batch(
-                chosen[start:start + step_rows], tokenizer.pad_token_id).items()}
+            b = pad_batch(table, chosen[start:start + step_rows], tokenizer.pad_token_id,
+                          device)
             with autocast():
                 logp, _ = forward_token_logprobs(model, b["input_ids"], b["attention_mask"],
                                                  b["positions"], b["targets"])
