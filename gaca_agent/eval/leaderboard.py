@@ -91,26 +91,26 @@ def train_rows(run: Path) -> list[Row]:
     evals = [r for r in rows if r.get("iteration", -1) >= 0 and "eval/success" in r]
     name = f"{model['path']} {{}} ({run.name})"
     found = []
+    final = run / "final_eval"
+    last = {} if (final / "results.json").is_file() else (evals[-1] if evals else {})
     for label, prefix, row in (("zero-shot", "eval_before", warm),
                                ("after warm-up", "eval", warm if cfg.get("warmup", {})
                                 .get("bc_steps") else {}),
-                               ("after RL", "eval", evals[-1] if evals else {})):
+                               ("after RL", "eval", last)):
         if f"{prefix}/success" in row:
             found.append(Row(policy=name.format(label),
                              successes=round(row[f"{prefix}/success"] * n),
                              score=float(row[f"{prefix}/score"]),
                              format_invalid=row.get(f"{prefix}/format_invalid"),
                              source=str(run), **common))
-    final = run / "final_eval"
     if (final / "results.json").is_file():  # the run's own record of its last evaluation
-        found = [r for r in found if not r.policy.startswith(name.format("after RL"))]
         found.append(replace(eval_row(final, name.format("after RL")),
                              temperature=common["temperature"]))
     return found
 
 
 def collect(paths: list[Path]) -> list[Row]:
-    """Rows of every ``gaca-eval`` folder and ``gaca-train`` run at or under ``paths`` (two
+    """Rows of every ``gaca-eval`` folder and ``gaca-train`` run at or under ``paths`` (three
     levels down), in the order found; a path that holds neither is an error."""
     rows: list[Row] = []
     for path in paths:
