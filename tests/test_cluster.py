@@ -329,6 +329,7 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     custom resource stands for a GPU); both serve episodes; a node removed after the
     first iteration takes its server with it and the run finishes on the other."""
     import json
+    import threading
 
     import ray
     from ray.cluster_utils import Cluster
@@ -336,6 +337,7 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     from conftest import once_logged, picks_of
     from gaca_agent.cluster.servers import Fleet
     from gaca_agent.config import load_config
+    from gaca_agent.generate.server_group import ServerGroup
     from gaca_agent.training.loop import train
 
     made = Cluster(initialize_head=True, head_node_args={
@@ -347,7 +349,22 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     monkeypatch.setattr(Fleet, "__init__", lambda f, *a: (fleets.append(f), init(f, *a))[1])
     picked = picks_of(monkeypatch)
     run_dir = tmp_path / "placed"
-    once_logged(run_dir, 0, lambda: (picked.append("lost"), made.remove_node(nodes[1])))
+    gone: list[int] = []
+    removing, settled = threading.Event(), threading.Event()
+    pick = ServerGroup._pick  # turns wait while the node goes: the loss is one point in time
+    monkeypatch.setattr(ServerGroup, "_pick", lambda group, episode: (
+        removing.is_set() and settled.wait(300), pick(group, episode))[1])
+
+    def lose_a_node() -> None:  # "lost" is marked once its server refuses connections
+        removing.set()
+        try:
+            made.remove_node(nodes[1])
+            gone.append(first_refusing(fleets[0].urls, deadline_s=180))
+            picked.append("lost")
+        finally:
+            settled.set()
+
+    once_logged(run_dir, 0, lose_a_node)
     try:
         train(load_config("gaca_agent/configs/default.yaml", [
             "iterations=3", "eval_every=0", "checkpoint_every=0", "env.groups=2",
@@ -362,15 +379,33 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
         ray.shutdown()
         made.shutdown()
     assert len(fleets) == 1 and len(fleets[0].urls) == 2
+    assert gone[0] is not None, "the lost node's server still answered after 180 s"
     lost = picked.index("lost")
-    after = picked[lost + 1:]
-    # both served before; after, at most the 4 live episodes' turns went to the lost one
-    # before its failure was known, and then only the other
-    survivor = after[-1]
-    assert set(picked[:lost]) == {0, 1} and after.count(1 - survivor) <= 4
+    after, survivor = picked[lost + 1:], 1 - gone[0]
+    # both served before; once the lost one was gone, at most the 4 live episodes' turns
+    # went to it before its failure was known, and then only the other
+    assert set(picked[:lost]) == {0, 1} and after.count(gone[0]) <= 4
     assert set(after[-10:]) == {survivor}
     rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
     assert sorted(rows) == [-1, 0, 1, 2]
+
+
+def first_refusing(urls: list[str], deadline_s: float) -> int | None:
+    """The index of the first of ``urls`` whose port refuses connections, or None."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    ends = time.monotonic() + deadline_s
+    while time.monotonic() < ends:
+        for i, url in enumerate(urls):
+            where = urlsplit(url)
+            try:
+                socket.create_connection((where.hostname, where.port), timeout=5).close()
+            except OSError:
+                return i
+        time.sleep(0.1)
+    return None
 
 
 @pytest.mark.skipif(not has_module("torch"), reason="needs torch (gaca-serve)")
