@@ -19,6 +19,28 @@ CORRIDOR = "gaca/Diag-Corridor-v0"
 TASKS = [(k, 90 + k) for k in range(4)]
 
 
+def test_a_ray_started_for_a_run_listens_on_loopback_only():
+    """A run with no cluster.address starts a Ray on this machine: its services (GCS,
+    raylet) listen on 127.0.0.1, not on the address other hosts reach, and its actors'
+    node is 127.0.0.1."""
+    import psutil
+    import ray
+
+    from gaca_agent.cluster.ray_pool import connect
+
+    connect(ClusterSection(backend="ray", object_store_mb=80))
+    try:
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        assert ray.get(ray.remote(ray.util.get_node_ip_address).remote()) == "127.0.0.1"
+        services = {p.pid for p in psutil.process_iter(["name"])
+                    if p.info["name"] in ("gcs_server", "raylet")}
+        bound = {c.laddr.ip for c in psutil.net_connections("inet")
+                 if c.pid in services and c.status == psutil.CONN_LISTEN}
+    finally:
+        ray.shutdown()
+    assert bound and bound <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, bound
+
+
 def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
     """One Ray on this machine: two env actors play the local rollout; one killed
     mid-collection is replaced (a restart), and with env.rerun_lost its episodes are

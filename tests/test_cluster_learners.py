@@ -112,9 +112,12 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
     from gaca_agent.cluster.ray_pool import ADDRESS_VAR
 
     joined = []
-    fake = types.SimpleNamespace(is_initialized=lambda: False,
-                                 init=lambda **kw: joined.append(kw))
+    constants = types.SimpleNamespace(ENABLE_RAY_CLUSTER=True)
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: joined.append(
+        {**kw, "loopback": not constants.ENABLE_RAY_CLUSTER}))
     monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setitem(sys.modules, "ray._private",
+                        types.SimpleNamespace(ray_constants=constants))
     checked = []
     monkeypatch.setattr(ray_pool, "check_reachable", checked.append)
     monkeypatch.setenv(ADDRESS_VAR, "10.0.0.1:6379")
@@ -123,11 +126,13 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
     monkeypatch.delenv(ADDRESS_VAR)
     ray_pool.connect(ClusterSection(backend="ray", object_store_mb=100))
     assert joined == [
-        {"address": "10.0.0.1:6379", "log_to_driver": False},
-        {"address": "ray://head:10001", "log_to_driver": True},
-        # a Ray started here: its object store as asked, no dashboard, quiet actors
+        {"address": "10.0.0.1:6379", "log_to_driver": False, "loopback": False},
+        {"address": "ray://head:10001", "log_to_driver": True, "loopback": False},
+        # a Ray started here: its object store as asked, no dashboard, quiet actors, on
+        # loopback (and Ray's own flag as it was, after)
         {"address": "local", "object_store_memory": 100 << 20, "include_dashboard": False,
-         "log_to_driver": False}]
+         "log_to_driver": False, "loopback": True}]
+    assert constants.ENABLE_RAY_CLUSTER
     assert checked == ["10.0.0.1:6379", "ray://head:10001"]  # each address tried first
     fake.is_initialized = lambda: True  # once per process
     ray_pool.connect(ClusterSection(backend="ray"))

@@ -35,7 +35,7 @@ ADDRESS_VAR = "GACA_RAY_ADDRESS"
 
 def connect(cluster, log_to_driver: bool = False) -> None:
     """Join ``cluster.address`` (a learner rank Ray placed: its launcher's cluster) or
-    start a Ray on this machine (once per process); ``log_to_driver``: the output of the
+    start a Ray on this machine, on loopback (once per process); ``log_to_driver``: the output of the
     actors this process starts shows in its own."""
     import os
 
@@ -48,8 +48,17 @@ def connect(cluster, log_to_driver: bool = False) -> None:
         check_reachable(address)  # ray.init waits forever for an address nothing holds
         ray.init(address=address, log_to_driver=log_to_driver)
     else:
-        ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
-                 include_dashboard=False, log_to_driver=log_to_driver)
+        from ray._private import ray_constants
+
+        # One machine: Ray's services on loopback, not the default route's address (where
+        # any host of the network could reach them). Ray keeps loopback for where it runs
+        # without cluster support; the flag is read once, when the node is made.
+        cluster_mode, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
+        try:
+            ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
+                     include_dashboard=False, log_to_driver=log_to_driver)
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
 
 def check_placement(cluster, env_workers: int) -> str | None:
