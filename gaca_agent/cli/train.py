@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = check_placement(cfg.cluster, cfg.env.workers)
         if problem:
             return fail(PROG, f"cannot place {problem} (lower the requests or add nodes)")
+        watch_ray_head((args.resume or Path(cfg.out_dir) / cfg.name).resolve())
     if cfg.cluster.learners and "RANK" not in os.environ:  # not yet one of the ranks
         return launch(cfg, args)
     try:
@@ -89,6 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, err, code=1)
     print(f"run directory: {run_dir}")
     return 0
+
+
+def watch_ray_head(run_dir: Path):
+    """Ray ends this process by itself when its head is lost (no exception, no line of
+    ours): one line first, naming the checkpoint that ``--resume`` continues from."""
+    from gaca_agent.cluster.head import watch_head
+    from gaca_agent.runs.rundir import resume_hint
+
+    return watch_head(lambda line: print(f"{PROG}: {line}; {resume_hint(run_dir)}",
+                                         file=sys.stderr, flush=True))
 
 
 def launch(cfg, args: argparse.Namespace) -> int:

@@ -21,6 +21,15 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return (int(name.split("-")[1]), path) if path.is_dir() else None
 
 
+def resume_hint(run_dir: Path) -> str:
+    """What ``gaca-train --resume`` continues ``run_dir`` from, in words."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return f"no checkpoint yet: gaca-train --resume {run_dir} starts it over"
+    return (f"the latest checkpoint, {latest[1].name}, is intact: gaca-train --resume "
+            f"{run_dir} continues from it")
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

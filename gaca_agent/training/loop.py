@@ -19,8 +19,8 @@ from gaca_agent.config import TrainConfig, to_dict
 from gaca_agent.eval.evaluate import EVAL_SEED, num_tasks_of, plan
 from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_line,
                                       warmup_progress)
-from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, save_checkpoint, write_atomic,
-                                    write_rollouts)
+from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, resume_hint, save_checkpoint,
+                                    write_atomic, write_rollouts)
 from gaca_agent.training.iteration import (episode_records, estimate,
                                            globalize, held_out, iteration_tasks, rank_share,
                                            reduce_sums, rollout_metrics, rollout_sums,
@@ -46,12 +46,9 @@ class TrainingStopped(RuntimeError):
     not be written): says which, and what ``--resume`` continues from."""
 
     def __init__(self, run_dir: Path, stage: str, error: BaseException) -> None:
-        latest = latest_checkpoint(run_dir)
-        resume = (f"the latest checkpoint, {latest[1].name}, is intact: gaca-train --resume "
-                  f"{run_dir} continues from it" if latest else
-                  f"no checkpoint yet: gaca-train --resume {run_dir} starts it over")
-        super().__init__(f"{stage} stopped: {type(error).__name__}: {error}; {resume}")
-        self.run_dir, self.latest, self.error = run_dir, latest, error
+        super().__init__(f"{stage} stopped: {type(error).__name__}: {error}; "
+                         f"{resume_hint(run_dir)}")
+        self.run_dir, self.latest, self.error = run_dir, latest_checkpoint(run_dir), error
 
 
 @dataclass

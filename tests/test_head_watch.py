@@ -1,0 +1,102 @@
+"""A lost Ray head (its GCS) ends a run's process from inside Ray, with Ray's line only:
+gaca-train says first which checkpoint is intact and how to resume
+(gaca_agent.cluster.head)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import has_module
+from gaca_agent.cluster.head import HeadWatch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_head_that_stops_answering_is_said_once_and_one_that_answers_is_not():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1024)  # never accepted: the backlog holds every try
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    lines, said = [], threading.Event()
+    watch = HeadWatch(address, lambda line: (lines.append(line), said.set()),
+                      every_s=0.05, grace_s=0.3)
+    try:
+        time.sleep(1.0)  # about 20 tries, each answered
+        assert not lines
+        server.close()  # the head is gone: refused from now on
+        assert said.wait(60), "no line after the head stopped answering"
+        time.sleep(0.5)
+    finally:
+        watch.close()
+    assert len(lines) == 1 and address in lines[0] and "0 s" in lines[0]
+
+
+def test_a_process_that_left_ray_itself_says_nothing():
+    """After ray.shutdown() (active() false) the head's port going away is no loss."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()  # refuses from the start
+    lines: list[str] = []
+    watch = HeadWatch(address, lines.append, every_s=0.05, grace_s=0.2, active=lambda: False)
+    time.sleep(1.0)
+    watch.close()
+    assert not lines
+
+
+# A driver of a two-node simulated cluster whose run has a checkpoint: the head's GCS is
+# killed, and the line gaca-train's watch prints comes before Ray ends the process.
+DRIVER = """
+import sys
+from pathlib import Path
+
+import ray
+from ray.cluster_utils import Cluster
+
+from gaca_agent.cli.train import watch_ray_head
+
+if __name__ == "__main__":
+    run_dir = Path(sys.argv[1])
+    (run_dir / "checkpoints" / "iter-00003").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("iter-00003")
+    made = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False})
+    ray.init(address=made.address, log_to_driver=False)
+    watch = watch_ray_head(run_dir)
+    assert watch is not None
+    made.head_node.kill_gcs_server()
+    print("killed", flush=True)
+    import time
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_module("ray"), reason="needs Ray (pip install -e '.[ray]')")
+def test_a_lost_ray_head_is_one_line_naming_the_intact_checkpoint(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ours = []
+    try:
+        for line in proc.stderr:  # Ray's own lines come here too
+            if line.startswith("gaca-train: "):
+                ours.append(line)
+                break
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert ours, "Ray ended the process before any line of ours"
+    assert "Ray's head (GCS at" in ours[0] and "has not answered" in ours[0]
+    assert f"iter-00003, is intact: gaca-train --resume {run_dir}" in ours[0]
