@@ -349,7 +349,8 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
         tmp_path, tiny_model_path, fresh_accelerate, monkeypatch):
     """cluster.servers: 2 gaca-serve processes started by Ray actors on two nodes (a
     custom resource stands for a GPU); both serve episodes; a node removed after the
-    first iteration takes its server with it and the run finishes on the other."""
+    first iteration takes its server with it, the other serves on, and a server started
+    in its place on a node that joined takes the next weight sync and serves too."""
     import json
     import threading
 
@@ -365,23 +366,32 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
     made = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "object_store_memory": 80 << 20, "include_dashboard": False})
     nodes = [made.add_node(num_cpus=1, resources={"gpu_slot": 1}, object_store_memory=80 << 20)
-             for _ in range(2)]
+             for _ in range(3)]  # one of them spare
     ray.init(address=made.address, log_to_driver=False)
     fleets, init = [], Fleet.__init__
     monkeypatch.setattr(Fleet, "__init__", lambda f, *a: (fleets.append(f), init(f, *a))[1])
     picked = picks_of(monkeypatch)
     run_dir = tmp_path / "placed"
     gone: list[int] = []
+    urls: list[str] = []  # the servers' as started
     removing, settled = threading.Event(), threading.Event()
     pick = ServerGroup._pick  # turns wait while the node goes: the loss is one point in time
     monkeypatch.setattr(ServerGroup, "_pick", lambda group, episode: (
         removing.is_set() and settled.wait(300), pick(group, episode))[1])
 
+    admit = ServerGroup.admit
+    monkeypatch.setattr(ServerGroup, "admit", lambda group, i, engine: (
+        picked.append("admitted"), admit(group, i, engine))[1])
+    ready = Fleet.ready  # the replacement waited for: it joins at the first sync after
+    monkeypatch.setattr(Fleet, "ready", lambda fleet, wait_s=0.0: ready(fleet, 180))
+
     def lose_a_node() -> None:  # "lost" is marked once its server refuses connections
         removing.set()
         try:
-            made.remove_node(nodes[1])
-            gone.append(first_refusing(fleets[0].urls, deadline_s=180))
+            urls.extend(fleets[0].urls)
+            second = ray.get(fleets[0].actors[1].node_id.remote())
+            made.remove_node(next(n for n in nodes if n.node_id == second))
+            gone.append(first_refusing(urls, deadline_s=180))
             picked.append("lost")
         finally:
             settled.set()
@@ -402,12 +412,15 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
         made.shutdown()
     assert len(fleets) == 1 and len(fleets[0].urls) == 2
     assert gone[0] is not None, "the lost node's server still answered after 180 s"
-    lost = picked.index("lost")
-    after, survivor = picked[lost + 1:], 1 - gone[0]
+    assert fleets[0].urls[gone[0]] != urls[gone[0]]  # a new server in its place
+    lost, admitted = picked.index("lost"), picked.index("admitted")
+    between, survivor = picked[lost + 1:admitted], 1 - gone[0]
     # both served before; once the lost one was gone, at most the 4 live episodes' turns
     # went to it before its failure was known, and then only the other
-    assert set(picked[:lost]) == {0, 1} and after.count(gone[0]) <= 4
-    assert set(after[-10:]) == {survivor}
+    assert set(picked[:lost]) == {0, 1} and between.count(gone[0]) <= 4
+    assert set(between[-10:]) == {survivor}
+    assert set(picked[admitted + 1:]) == {0, 1}  # the replacement serves too
+    assert picked.count("admitted") == 1
     rows = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
     assert sorted(rows) == [-1, 0, 1, 2]
 

@@ -569,6 +569,35 @@ def test_the_paged_engine_decodes_greedy_rows_as_the_hf_engine(tiny_model_path, 
         (True, 0.7, 1.0, 0)
 
 
+def test_a_server_admitted_in_a_lost_ones_place_serves_with_the_same_settings(scripted):
+    """A lost server's replacement (its twin client, ServerGroup.admit) is up again: new
+    episodes go to it, the old client is closed, the settings are the group's."""
+    from gaca_agent.generate.server_group import ServerGroup
+
+    slow = ("slow", (0.5, chat()))
+    a = scripted({"/v1/chat/completions": [slow, (200, chat()), slow, (200, chat())]})
+    b = scripted({"/v1/chat/completions": [(200, chat())]})
+    c = scripted({"/v1/chat/completions": [(200, chat())]})
+    lost = engine(b, api_key="k", timeout_s=7.0, keep_versions=2)
+    group = ServerGroup([engine(a), lost])
+    b.close()
+    busy = group.submit(MESSAGES, 4, 1.0, key=0, episode="e0")  # a, busy
+    group.complete(MESSAGES, 4, 1.0, key=1, episode="e1")  # b: gone, dropped; a answers
+    busy.result(10)
+    assert list(group.down) == [1] and len(a.calls) == 2
+    twin = lost.twin(c.base)
+    assert (twin.api_key, twin.timeout_s, twin.window.keep, twin.retries) == ("k", 7.0, 2, 0)
+    assert twin.base_url == c.base.rstrip("/") and twin.weight_version is None
+    group.admit(1, twin)
+    assert not group.down and group.members == [group.engines[0], twin]
+    assert lost.pool._shutdown  # the lost one's client is closed
+    busy = group.submit(MESSAGES, 4, 1.0, key=2, episode="e2")  # a busy: the new one
+    group.complete(MESSAGES, 4, 1.0, key=3, episode="e3")
+    busy.result(10)
+    assert len(c.calls) == 1 and c.calls[0][1]["seed"] == 3
+    group.close()
+
+
 def test_a_server_group_keeps_each_episode_on_one_server_and_survives_a_lost_one(scripted):
     """A new episode goes to the server with the fewest requests in flight, its later
     turns follow it; a server that stops answering is dropped and the turn is sent, with

@@ -202,6 +202,12 @@ class FakeServer:
     def lose(self, engine, err):
         return False  # one server: a sync cannot go on without it
 
+    def twin(self, base_url):  # a client of a server started in a lost one's place
+        return FakeServer(self.kind, self.served, self.seeded, base_url=base_url)
+
+    def close(self):
+        self.closed = True
+
     def _failing(self):
         if self.fail:
             raise self.fail if isinstance(self.fail, Exception) else RuntimeError(self.fail)
@@ -295,6 +301,55 @@ def test_a_failed_load_or_probe_stops_with_the_version_and_reason(tmp_path, caps
     warned = capsys.readouterr().out
     assert warned.count("ignores the request seed") == 1
     assert sync(3)["probe/seed_honoured"] == 0.0
+
+
+def test_a_lost_server_is_replaced_and_joins_at_a_sync_with_its_weights(tmp_path, capsys):
+    """With the servers Ray started (a fleet), a server found lost is started again; the
+    new one takes the next sync's weights and probe before it is admitted in its place;
+    one that did not start, or does not take the weights, is said and left out."""
+    from gaca_agent.generate.http import ServerUnreachable
+    from gaca_agent.generate.server_group import ServerGroup
+
+    class Fleet:
+        def __init__(self, answers):
+            self.answers, self.replaced = list(answers), []
+
+        def replace(self, lost):
+            self.replaced.append(list(lost))
+
+        def ready(self, wait_s=0.0):
+            return self.answers.pop(0)
+
+    sync, _, a = weight_sync(tmp_path, lora=True)
+    b = FakeServer("vllm", a.served, base_url="http://other/v1")
+    sync.engine = group = ServerGroup([a, b])
+    sync.fleet = fleet = Fleet([({}, {}), ({}, {}), ({}, {1: "RuntimeError: no node"}),
+                                ({1: "http://new/v1"}, {}), ({}, {}),
+                                ({1: "http://bad/v1"}, {})])
+    b.fail = ServerUnreachable("http://other/v1: connection refused")
+    sync(1)  # b found gone at this sync: dropped
+    assert fleet.replaced == [[]] and list(group.down) == [1]
+    sync(2)  # replacement asked for, not up yet
+    sync(3)  # it did not start: said, asked for again at the next sync
+    assert fleet.replaced == [[], [1], [1]] and list(group.down) == [1]
+    assert "lost server 1 did not start (RuntimeError: no node)" in capsys.readouterr().out
+    sync(4)
+    new = group.engines[1]
+    assert new.base_url == "http://new/v1" and not group.down and b.closed
+    assert [c[1] for c in new.calls] == [f"{sync.prefix}-v4"]  # this version, then probed
+    assert new.probes == [1.0, 1.0, 0.4, 0.4] and group.members == [a, new]
+    assert fleet.replaced == [[], [1], [1], [1]]  # asked for while it was down
+    group.engines[1].fail = ServerUnreachable("http://new/v1: connection refused")
+    original = FakeServer.twin
+    FakeServer.twin = lambda self, url: FakeServer(self.kind, self.served, fail="bad disk",
+                                                   base_url=url)
+    try:
+        sync(5)  # lost again; sync 6: its replacement cannot take the weights
+        sync(6)
+    finally:
+        FakeServer.twin = original
+    assert list(group.down) == [1] and group.engines[1].base_url == "http://new/v1"
+    assert "http://bad/v1 did not take the weights" in capsys.readouterr().out
 
 
 def test_a_run_whose_server_is_gone_stops_naming_the_stage_and_the_resume(tmp_path,

@@ -5,7 +5,8 @@ node, waiting for its ``/health``, and stopping it when the run ends. The server
 and every process it starts, dies with its actor (and so with its node:
 :mod:`gaca_agent.cluster.reaper`): the run's
 :class:`~gaca_agent.generate.server_group.ServerGroup` then sends that server's turns to
-the others."""
+the others, and the run starts a new one in its place (:meth:`Fleet.replace`), which
+joins at a weight sync once it is up and has the run's weights."""
 
 from __future__ import annotations
 
@@ -69,6 +70,12 @@ class ServerActor:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def node_id(self) -> str:
+        """The Ray node this server runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def stop(self) -> None:
         reaper.stop(self.proc)
         self.log.close()
@@ -87,14 +94,48 @@ class Fleet:
 
         connect(cluster)
         self.api_key = secrets.token_hex(16)
-        fields = {**fields, "api_key": self.api_key}
         make = ray.remote(ServerActor).options(**actor_options(cluster.server_cpus,
                                                                cluster.server_resources))
-        self.actors = [make.remote(cluster.server_command, fields,
-                                   cluster.server_start_timeout_s)
-                       for _ in range(cluster.servers)]
+        args = (cluster.server_command, {**fields, "api_key": self.api_key},
+                cluster.server_start_timeout_s)
+        self._start = lambda: make.remote(*args)
+        self.actors = [self._start() for _ in range(cluster.servers)]
         self.urls: list[str] = ray.get([a.url.remote() for a in self.actors],
                                        timeout=cluster.server_start_timeout_s + 60)
+        self.starting: dict[int, object] = {}
+        """Replacements started, not yet up: server index -> its URL's future."""
+
+    def replace(self, lost) -> None:
+        """Start a new server in place of each of ``lost`` (indices into :attr:`urls`)
+        not already being replaced; Ray places it wherever its resources are free."""
+        import ray
+
+        for i in lost:
+            if i in self.starting:
+                continue
+            try:
+                ray.kill(self.actors[i], no_restart=True)
+            except Exception:  # noqa: BLE001 - gone with its node
+                pass
+            self.actors[i] = self._start()
+            self.starting[i] = self.actors[i].url.remote()
+
+    def ready(self, wait_s: float = 0.0) -> tuple[dict[int, str], dict[int, str]]:
+        """(the replacements up since the last call: index -> URL, those whose start
+        failed: index -> why); each waited for at most ``wait_s`` seconds. A failed one
+        is started again by the next :meth:`replace`."""
+        import ray
+
+        up, failed = {}, {}
+        for i, url in list(self.starting.items()):
+            if not ray.wait([url], timeout=wait_s)[0]:
+                continue
+            del self.starting[i]
+            try:
+                up[i] = self.urls[i] = ray.get(url)
+            except Exception as err:  # noqa: BLE001 - said by the caller
+                failed[i] = f"{type(err).__name__}: {err}"
+        return up, failed
 
     def close(self) -> None:
         import ray

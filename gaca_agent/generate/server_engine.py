@@ -82,12 +82,19 @@ class ServerEngine:
         self.window = VersionWindow(keep_versions)
         """The synced versions the server still serves (``keep_versions``: max_staleness
         + 1): adapters stay loaded side by side; full weights are one at a time."""
-        self._busy, self._inflight, self._since = 0.0, 0, 0.0  # see busy_seconds
         self.labelled = False
         """Whether answers carry weight-version labels to check (after a full-weight sync,
         and on SGLang); vLLM's LoRA answers are checked by their adapter name."""
         self._busy, self._inflight, self._since = 0.0, 0, 0.0  # see busy_seconds
         self._lock = threading.Lock()
+
+    def twin(self, base_url: str) -> "ServerEngine":
+        """A client of the same model and settings for the server at ``base_url`` (one
+        that replaces a lost one), knowing no synced version yet."""
+        return ServerEngine(base_url, self.base_model, self.tokenizer, self.kind,
+                            self.api_key, self.pool._max_workers, self.timeout_s,
+                            self.retries, self.backoff_s, self.admin_api_key,
+                            self.require_ids, self.window.keep)
 
     @property
     def weight_version(self) -> str | None:

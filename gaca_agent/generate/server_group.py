@@ -6,7 +6,8 @@ cache is reused): its first turn goes to the server with the fewest requests in 
 or does not answer (after its retries) is dropped: the turn is sent again to another
 (the request carries its sampling seed, so the answer is the one it would have given),
 and its episodes move with it. When none is left the turn fails with one line naming
-them all. Weight syncs and probes go to every server still up (:attr:`members`).
+them all. A server started in a lost one's place joins with :meth:`ServerGroup.admit`.
+Weight syncs and probes go to every server still up (:attr:`members`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ class ServerGroup:
                 return False
         self._drop(self.engines.index(engine), err)
         return True
+
+    def admit(self, i: int, engine) -> None:
+        """``engine`` (a new server, its weights synced) in place of server ``i``, up."""
+        with self._lock:
+            old, self.engines[i] = self.engines[i], engine
+            self.down.pop(i, None)
+            self.inflight[i] = 0
+        old.close()
 
     def _drop(self, i: int, err: BaseException) -> None:
         with self._lock:

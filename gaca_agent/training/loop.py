@@ -170,7 +170,7 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     if run.server is not None:
         run.sync = WeightSync(learner, run.server, run_dir, cfg.name, served.server,
                               cfg.model.temperature, cfg.model.eval_temperature,
-                              keep=Schedule(cfg.max_staleness).served)
+                              keep=Schedule(cfg.max_staleness).served, fleet=run.fleet)
     return run
 
 

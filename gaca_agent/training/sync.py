@@ -20,10 +20,13 @@ class WeightSync:
     every rank with the main process's reason."""
 
     def __init__(self, learner, engine, run_dir: Path, name: str, server,
-                 temperature: float, eval_temperature: float, keep: int = 1) -> None:
+                 temperature: float, eval_temperature: float, keep: int = 1,
+                 fleet=None) -> None:
         from accelerate.utils import broadcast_object_list
 
         self.learner, self.engine, self.server = learner, engine, server
+        self.fleet = fleet  # the servers Ray started (main process): lost ones replaced
+        self.joining: dict[int, object] = {}  # replacements taking this version first
         self.lora = learner.config.lora_r > 0
         # the files kept: the adapters the server still serves (max_staleness + 1), and
         # the full weights of this version and the one before
@@ -46,6 +49,7 @@ class WeightSync:
         acc = self.learner.accelerator
         t0 = time.perf_counter()
         name, path = f"{self.prefix}-v{version}", self.dir / f"v{version}"
+        self.joining = self._joining()
         if self.lora:
             self.learner.save_adapter(path)
             load = partial(self._load_adapter, path, name, version)
@@ -56,6 +60,9 @@ class WeightSync:
             self.learner.save_weights(path, self.server.sync_dtype)
             load = partial(self._from_disk, path, name, version)
         sent = self._on_main(load, f"weight sync of version {version} failed") or {}
+        for i, engine in self.joining.items():  # up, with this version: they serve now
+            self.engine.admit(i, engine)
+        self.joining = {}
         if not acc.is_main_process:  # the other ranks' engines (the main one has it)
             for engine in self.engine.members:
                 engine.synced(version, name, labelled=not self.lora or engine.kind == "sglang")
@@ -73,15 +80,48 @@ class WeightSync:
         return {"sync/version": float(version), "sync/seconds": time.perf_counter() - t0,
                 **sent, **(metrics or {})}
 
+    def _joining(self) -> dict[int, object]:
+        """Every rank's clients of the servers started in lost ones' places that are up
+        (the main process replaces, and asks the fleet); each takes this sync's weights
+        before it is admitted."""
+        from accelerate.utils import broadcast_object_list
+
+        up: list = [{}]
+        if self.fleet is not None:
+            self.fleet.replace(list(getattr(self.engine, "down", {})))
+            up[0], failed = self.fleet.ready()
+            for i, why in failed.items():
+                print(f"warning: the inference server started in place of lost server {i}"
+                      f" did not start ({why}); it is tried again at the next sync",
+                      flush=True)
+        if self.learner.accelerator.num_processes > 1:
+            broadcast_object_list(up)
+        joining = {}
+        for i, url in up[0].items():
+            old = self.engine.engines[i]
+            sender = self.senders.pop(old.base_url, None)  # its broadcast group's port
+            if sender is not None:
+                sender.close()
+            joining[i] = old.twin(url)
+        return joining
+
     def _on_each(self, step) -> list:
-        """``step(server, index)`` on every server still up, their results; a server
-        found gone is dropped (and left out) when others are left."""
+        """``step(server, index)`` on every server still up and every one joining, their
+        results; a server found gone is dropped (and left out) when others are left, a
+        joining one is not admitted."""
         out = []
-        for i, engine in enumerate(self.engine.members):
+        past = len(getattr(self.engine, "engines", [self.engine]))  # no member's index
+        joining = [(past + k, e) for k, e in enumerate(self.joining.values())]
+        for i, engine in [*enumerate(self.engine.members), *joining]:
             try:
                 out.append(step(engine, i))
             except Exception as err:
-                if not self.engine.lose(engine, err):
+                if any(e is engine for _, e in joining):
+                    print(f"warning: the new inference server {engine.base_url} did not "
+                          f"take the weights ({type(err).__name__}: {err}); left out",
+                          flush=True)
+                    self.joining = {j: e for j, e in self.joining.items() if e is not engine}
+                elif not self.engine.lose(engine, err):
                     raise
         return out
 
