@@ -466,3 +466,28 @@ def test_a_started_servers_key_is_in_its_environment_not_its_command_line(tiny_m
             assert answer.status == 200
     finally:
         actor.stop()
+
+
+def test_a_server_that_exits_or_never_answers_is_one_line_without_its_key(tmp_path):
+    """ServerActor (in this process): a server that exits says so with the tail of its
+    output and its command with the key masked; one that never answers /health is
+    stopped, with its whole group, after cluster.server_start_timeout_s."""
+    import sys
+
+    from gaca_agent.cluster.servers import ServerActor
+
+    exits = (f"{sys.executable} -c \"import sys; print('no GPU here'); sys.exit(3)\" "
+             "--port {port} --api-key {api_key}")
+    with pytest.raises(RuntimeError) as err:
+        ServerActor(exits, {"api_key": "k3y-s3cret"}, 600)
+    said = str(err.value)
+    assert "did not become healthy on" in said and said.endswith("no GPU here")
+    assert "--api-key ***" in said and "k3y-s3cret" not in said
+    silent = tmp_path / "pid"
+    hangs = (f"{sys.executable} -c \"import os, time; open('{silent}', 'w').write("
+             "str(os.getpid())); time.sleep(600)\"")
+    with pytest.raises(RuntimeError, match="did not become healthy"):
+        ServerActor(hangs, {}, 3)
+    from conftest import gone_within
+
+    assert gone_within([int(silent.read_text())], 60), "the silent server was left running"
