@@ -300,3 +300,34 @@ def test_a_lost_learner_rank_stops_the_run_in_one_line_and_resume_is_exact(tmp_p
                 assert cut[it][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (it, key)
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.skipif(not has_module("ray"), reason="needs Ray (pip install -e '.[ray]')")
+def test_a_rank_runs_its_command_with_its_variables_its_config_and_its_exit_code(tmp_path):
+    """LearnerRank (in this process, on a Ray started here): where it runs, a free port,
+    and its run(): the command with ``{config}`` a file holding the config, the rank's
+    variables plus the launcher's Ray address, and the command's exit code."""
+    import ray
+
+    from gaca_agent.cluster.learners import LearnerRank
+    from gaca_agent.cluster.ray_pool import ADDRESS_VAR, connect
+
+    connect(ClusterSection(backend="ray", object_store_mb=80))
+    try:
+        rank = LearnerRank()
+        place = rank.where()
+        assert place.node_id == ray.get_runtime_context().get_node_id()
+        assert place.ip == "127.0.0.1" and place.gpus == ()
+        assert 0 < rank.port() < 65536
+        seen = tmp_path / "seen.json"
+        code = rank.run(["-c", "import json, os, sys; json.dump({'rank': os.environ['RANK'], "
+                         f"'ray': os.environ['{ADDRESS_VAR}'], 'cwd': os.getcwd(), "
+                         "'config': open(sys.argv[1]).read()}, open('seen.json', 'w')); "
+                         "sys.exit(4)", "{config}"], {"RANK": "1"}, str(tmp_path),
+                        config="iterations: 3\n")
+        address = ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+    assert code == 4
+    assert json.loads(seen.read_text()) == {"rank": "1", "ray": address, "cwd": str(tmp_path),
+                                            "config": "iterations: 3\n"}
