@@ -42,6 +42,24 @@ def test_engine_logprobs_equal_teacher_forced(tiny_model_path, temperature, engi
         assert out.nll["response"] == pytest.approx(-sum(out.logprobs) / len(out.logprobs))
 
 
+def test_a_model_policy_in_bfloat16_samples_from_its_bfloat16_weights(tiny_model_path):
+    """dtype=bfloat16 (gaca-eval --policy-kwargs dtype=bfloat16): the weights are bf16 and
+    the recorded log-probs are those of the bf16 model; a dtype torch lacks is refused."""
+    import torch
+
+    from conftest import full_logprobs
+
+    policy = make_policy(f"hf:{tiny_model_path}", temperature=1.0, max_new_tokens=12,
+                         seed=0, dtype="bfloat16")
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    out = policy.act(turns(1))[0]
+    forced = full_logprobs(policy.model, out.prompt_ids, out.completion_ids, 1.0)
+    assert torch.allclose(forced.double(), torch.tensor(out.logprobs, dtype=torch.float64),
+                          atol=1e-2)
+    with pytest.raises(ValueError, match="must name a torch dtype"):
+        make_policy(f"hf:{tiny_model_path}", dtype="bf16")
+
+
 def test_keyed_sampling_does_not_depend_on_the_batch(tiny_model_path):
     """A turn with a sampling key gets the same response alone, in a batch of five with
     other prompts, and in another order; without keys the batch decides."""

@@ -241,3 +241,25 @@ def test_default_config_beats_its_warm_up_on_held_out_tasks(tmp_path):
         won = sum(bool(e["won"]) for e in episodes) / len(episodes)
         assert rows[it]["rollout/success"] == pytest.approx(won), it
     assert rows[max(rows)]["rollout/success"] > rows[0]["rollout/success"]
+
+
+def test_a_run_starts_from_another_runs_warm_up(tmp_path, fresh_accelerate):
+    """warmup/ holds the warmed-up model as a transformers folder: a run with it as
+    model.path and no warm-up of its own evaluates, before any update, as the run that
+    made it did right after its warm-up (one warm start for many RL runs)."""
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+
+    small = [*SMALL, "iterations=1", "eval_every=1", "checkpoint_every=0", "env.eval_episodes=8",
+             f"out_dir={tmp_path}"]
+    first = train(load_config(str(DEFAULT), [*small, "name=first"]), progress=False)
+    assert (first / "warmup" / "config.json").exists()
+    assert (first / "warmup" / "tokenizer_config.json").exists()
+    second = train(load_config(str(DEFAULT), [*small, "name=second", "warmup.bc_steps=0",
+                                              f"model.path={first / 'warmup'}"]),
+                   progress=False)
+    warmed, started = metrics(first)[-1], metrics(second)[-1]
+    assert "warmup/last_loss" in warmed and "warmup/last_loss" not in started
+    evals = sorted(k for k in warmed if k.startswith("eval/"))
+    assert evals and {k: started[k] for k in evals} == {k: warmed[k] for k in evals}
+    assert warmed["eval/format_invalid"] < 1.0  # the warm-up taught something to keep

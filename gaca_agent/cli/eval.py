@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
                         "openai:BASE_URL#MODEL, human, python:MODULE:FACTORY")
     parser.add_argument("--policy-kwargs", nargs="*", default=[],
                         help="key=value ... (model policies: temperature, default 0.4, "
-                             "and max_new_tokens)")
+                             "and max_new_tokens; hf: and smollm2 also dtype=bfloat16)")
     parser.add_argument("--episodes", default=None,
                         help="a number, or 'all' (default 10; with --suite, each part's own)")
     parser.add_argument("--group-size", type=int, default=1,

@@ -8,7 +8,7 @@
 
 Writes ``runs/<name>/``: ``config.yaml`` (resolved), ``metrics.jsonl`` (one object per
 iteration), TensorBoard events, ``checkpoints/`` (atomic; ``latest`` names the newest),
-``reference/`` (the KL reference when the warm-up made it), ``rollouts/`` (every
+``warmup/`` (the warmed-up model: the KL reference, a warm start), ``rollouts/`` (every
 iteration's episodes, unless ``keep_rollouts: false``), ``final/`` (model) and
 ``final_eval/`` (results.json, episodes.jsonl, report.html), and learning-curve PNGs.
 

@@ -129,16 +129,6 @@ class Learner:
             return
         self.ref_model.load_state_dict(self.unwrapped.state_dict())
 
-    def save_reference(self, path: str | Path) -> None:
-        """Write the KL reference (a transformers checkpoint) so that a resumed run keeps
-        it; nothing under LoRA (the reference is the base model) or without KL."""
-        if self.ref_model is None:
-            return
-        state = (full_state(self.ref_model) if self.sharded else None)
-        if self.accelerator.is_main_process:
-            self.ref_model.save_pretrained(Path(path), state_dict=state)
-        self.accelerator.wait_for_everyone()
-
     # ------------------------------------------------------------- forward passes
     def _logprobs(self, model, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         with self.autocast():
@@ -367,10 +357,7 @@ class Learner:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         acc = self.accelerator
-        weights = self.state_dict() if self.sharded else None
-        if acc.is_main_process:
-            self.unwrapped.save_pretrained(path / "model", state_dict=weights)
-            self.tokenizer.save_pretrained(path / "model")
+        self.save_model(path / "model")
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "steps": self.steps, "rng": rng_state()}
         if self.sharded:
@@ -378,6 +365,15 @@ class Learner:
         elif acc.is_main_process:
             torch.save(state, path / "trainer_state.pt")
         acc.wait_for_everyone()
+
+    def save_model(self, path: str | Path) -> None:
+        """The policy as a transformers folder (with its tokenizer): ``model.path``,
+        ``gaca-eval --policy hf:PATH`` and ``gaca-serve`` read it; under LoRA, the adapter."""
+        weights = self.state_dict() if self.sharded else None
+        if self.accelerator.is_main_process:
+            self.unwrapped.save_pretrained(Path(path), state_dict=weights)
+            self.tokenizer.save_pretrained(Path(path))
+        self.accelerator.wait_for_everyone()
 
     def load_state(self, path: str | Path) -> None:
         """Restore optimizer, scheduler and RNG (the weights are loaded at construction)."""

@@ -29,15 +29,20 @@ class HFPolicy:
                  template_file: str | None = None, system_prompt: str | None = None,
                  batch_size: int = 64, device: str | None = None, seed: int | None = None,
                  max_prompt_tokens: int | None = None, engine: InProcess = "hf",
-                 with_entropy: bool = False) -> None:
+                 with_entropy: bool = False, dtype: str | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from gaca_agent.generate.factory import make_engine
 
+        if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float16), "
+                             f"got {dtype!r}")
         if isinstance(model, str):
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             model = AutoModelForCausalLM.from_pretrained(model)
+        if dtype is not None:  # bfloat16: 2-3x faster on a CPU with AMX or AVX512-BF16
+            model = model.to(getattr(torch, str(dtype)))
         if tokenizer is None:
             raise ValueError("pass the tokenizer with a model object")
         self.model, self.tokenizer = model, tokenizer

@@ -146,9 +146,10 @@ def _open(cfg: TrainConfig, resume: Path | None) -> Run:
     torch.manual_seed(cfg.seed)  # building the tiny model the first time draws from torch
     tokenizer = AutoTokenizer.from_pretrained(base)
     weights = str(ckpt[1] / "model") if ckpt and cfg.learner.lora_r == 0 else base
-    # a resumed run keeps the reference the warm-up made (not the checkpoint's weights)
-    reference = (run_dir / "reference" if (run_dir / "reference" / "config.json").exists()
-                 else base) if ckpt else None
+    # a resumed run keeps the reference the warm-up made (not the checkpoint's weights;
+    # reference/: where runs before warmup/ kept it)
+    reference = next((d for d in (run_dir / "warmup", run_dir / "reference")
+                      if (d / "config.json").exists()), base) if ckpt else None
     learner = Learner(weights, tokenizer, cfg.learner, acc, reference=reference)
     ahead: list = []
     if ckpt:
@@ -283,8 +284,9 @@ def persist(run: Run, it: int, rollout, adv, weight) -> None:
 
 def _warmup(run: Run, bar_shown: bool = False) -> None:
     """Behaviour cloning on random (the format) or expert transcripts; the warmed-up
-    policy becomes the KL reference and is saved in ``reference/`` so that a resumed run
-    keeps it. Its steps show on a bar, or as a plain line every tenth of them."""
+    policy becomes the KL reference and is saved in ``warmup/``, a model folder: a
+    resumed run keeps its reference from there, and later runs can start from it
+    (``model.path``). Its steps show on a bar, or as a plain line every tenth of them."""
     from gaca_agent.generate.transcripts import transcripts
     from gaca_agent.learner.warmup import behaviour_clone
     from gaca_agent.policies import make_policy
@@ -311,7 +313,7 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
             metrics["warmup/expert_success"] = rollout_metrics(rollout_sums(rollout))[
                 "rollout/success"]
         learner.set_reference()
-        learner.save_reference(run_dir / "reference")
+        learner.save_model(run_dir / "warmup")  # the reference on resume; a warm start
     if sync is not None:
         metrics.update(sync(0))  # the server rolls out with the (warmed-up) adapter
     if cfg.eval_every:

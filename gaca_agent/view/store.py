@@ -49,7 +49,7 @@ def discover(root: Path, depth: int = 3) -> list[tuple[str, str]]:
             if kind != "eval":
                 nxt += sorted(p for p in folder.iterdir() if p.is_dir() and
                               p.name not in ("rollouts", "checkpoints", "tensorboard",
-                                             "reference", "final"))
+                                             "reference", "warmup", "final"))
         frontier = nxt
     return found
 
