@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from gaca_agent.eval.evaluate import evaluate, plan
+from gaca_agent.eval.evaluate import Evaluation, evaluate, plan
 from gaca_agent.policies import make_policy
 from gaca_agent.collect.collector import Collector
 from gaca_agent.config import EnvSection
@@ -116,8 +117,8 @@ def test_killed_worker_is_restarted_and_its_episodes_marked_failed():
 
 def test_eval_all_covers_each_task_once_and_resumes(tmp_path):
     out = tmp_path / "eval"
-    res = evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, "expert", "all", out,
-                   workers=2, progress=False)
+    res = evaluate(Evaluation("gaca/Diag-Corridor-v0", "expert", "all", {"split": "test"},
+                              workers=2), out, progress=False)
     records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert sorted(r["task_id"] for r in records) == list(range(16))
     assert res["n"] == 16 and res["success_rate"] == 1.0 and res["success_ci95"][0] > 0.7
@@ -126,13 +127,13 @@ def test_eval_all_covers_each_task_once_and_resumes(tmp_path):
     # a kill during a write leaves a partial line: resume ignores it and finishes the rest
     kept = "\n".join(lines.splitlines()[:10]) + '\n{"index": 3, "gro'
     (out / "episodes.jsonl").write_text(kept)
-    res2 = evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, "expert", "all", out,
-                    progress=False)
+    res2 = evaluate(Evaluation("gaca/Diag-Corridor-v0", "expert", "all", {"split": "test"}),
+                    out, progress=False)
     after = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(after) == 10 + 6 and res2["n"] == 16  # 6 played again, 10 skipped
     assert sorted(r["index"] for r in after) == list(range(16))
     with pytest.raises(ValueError, match="another evaluation"):
-        evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, "random", "all", out,
+        evaluate(Evaluation("gaca/Diag-Corridor-v0", "random", "all", {"split": "test"}), out,
                  progress=False)
 
 
@@ -159,11 +160,11 @@ def test_gaca_eval_cli_on_alfworld_expert_and_random(tmp_path):
 def test_gaca_eval_on_webshop_expert_and_suite_compare(tmp_path):
     from gaca_agent.eval import suites
 
-    res = evaluate("gaca/WebShop-v0", {"split": "test"}, "expert", 5, tmp_path / "ws",
-                   progress=False)
+    res = evaluate(Evaluation("gaca/WebShop-v0", "expert", 5, {"split": "test"}),
+                   tmp_path / "ws", progress=False)
     assert res["n"] == 5 and res["mean_score"] == 1.0
-    rnd = evaluate("gaca/WebShop-v0", {"split": "test"}, "random", 5, tmp_path / "wr",
-                   progress=False)
+    rnd = evaluate(Evaluation("gaca/WebShop-v0", "random", 5, {"split": "test"}),
+                   tmp_path / "wr", progress=False)
     assert rnd["n"] == 5 and rnd["mean_score"] < 1.0
     table = suites.run_suite("diag", "expert", tmp_path / "suite", progress=False)
     assert "| expert | diag v2 |" in table
@@ -256,15 +257,14 @@ def test_resumed_evaluation_equals_a_fresh_one(tmp_path, spec, request):
     else:
         kwargs = {}
     fresh = tmp_path / "fresh"
-    evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, spec, 10, fresh, progress=False,
-             policy_kwargs=kwargs, max_live_envs=10)
+    ev = Evaluation("gaca/Diag-Corridor-v0", spec, 10, {"split": "test"}, kwargs,
+                    max_live_envs=10)
+    evaluate(ev, fresh, progress=False)
     resumed = tmp_path / "resumed"
-    evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, spec, 10, resumed, progress=False,
-             policy_kwargs=kwargs, max_live_envs=10)
+    evaluate(ev, resumed, progress=False)
     lines = (resumed / "episodes.jsonl").read_text().splitlines()
     (resumed / "episodes.jsonl").write_text("\n".join(lines[:4]) + "\n")
-    evaluate("gaca/Diag-Corridor-v0", {"split": "test"}, spec, 10, resumed, progress=False,
-             policy_kwargs=kwargs, max_live_envs=3)
+    evaluate(replace(ev, max_live_envs=3), resumed, progress=False)
 
     def responses(folder):
         records = [json.loads(x) for x in (folder / "episodes.jsonl").read_text().splitlines()]

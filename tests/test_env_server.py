@@ -308,13 +308,15 @@ def test_a_server_killed_mid_collection_fails_only_its_live_episodes():
 
 
 def test_gaca_eval_on_env_servers(tmp_path, diag_server):
-    from gaca_agent.eval.evaluate import evaluate
+    from dataclasses import replace
+
+    from gaca_agent.eval.evaluate import Evaluation, evaluate
 
     for policy in ("random", "expert"):  # the expert's actions come from the server
-        local = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, policy, 6,
-                         tmp_path / f"{policy}-a", progress=False)
-        remote = evaluate("gaca/Diag-Signs-v0", {"split": "test"}, policy, 6,
-                          tmp_path / f"{policy}-b", progress=False, env_servers=[diag_server])
+        ev = Evaluation("gaca/Diag-Signs-v0", policy, 6, {"split": "test"})
+        local = evaluate(ev, tmp_path / f"{policy}-a", progress=False)
+        remote = evaluate(replace(ev, env_servers=(diag_server,)), tmp_path / f"{policy}-b",
+                          progress=False)
         for key in ("n", "failed", "success_rate", "mean_score", "mean_steps"):
             assert local[key] == remote[key], (policy, key)
     assert remote["success_rate"] == 1.0
@@ -479,7 +481,7 @@ def agentgym_server(with_actions: bool = True, other_spelling: bool = False):
 
 
 def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
-    from gaca_agent.eval.evaluate import evaluate
+    from gaca_agent.eval.evaluate import Evaluation, evaluate
 
     server, url, envs = agentgym_server()
     try:
@@ -501,8 +503,9 @@ def test_agentgym_client_plays_an_agentgym_protocol_server(tmp_path):
         env.close()
         assert envs == {}  # the server-side env was closed
         # our evaluation tools run on it (random policy, worker processes)
-        results = evaluate("gaca/AgentGym-v0", {"url": url, "num_tasks": 3}, "random", 6,
-                           tmp_path / "eval", progress=False)
+        results = evaluate(Evaluation("gaca/AgentGym-v0", "random", 6,
+                                      {"url": url, "num_tasks": 3}), tmp_path / "eval",
+                           progress=False)
         assert results["n"] == 6 and results["failed"] == 0
     finally:
         server.should_exit = True

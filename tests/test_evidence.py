@@ -52,12 +52,12 @@ def test_audit_and_rescore_on_a_grouped_evaluation(tmp_path):
     """gaca-eval --group-size writes task groups; gaca-audit and gaca-rescore read them
     (on a Diag env the rescore includes the exact advantages)."""
     from gaca_agent.cli.audit import main as audit_main
-    from gaca_agent.eval.evaluate import evaluate
+    from gaca_agent.eval.evaluate import Evaluation, evaluate
     from gaca_agent.cli.rescore import main as rescore_main
 
     out = tmp_path / "eval"
-    res = evaluate("gaca/Diag-Slippery-v0", {"split": "test"}, "random", 3, out,
-                   progress=False, group_size=6)
+    res = evaluate(Evaluation("gaca/Diag-Slippery-v0", "random", 3, {"split": "test"},
+                              group_size=6), out, progress=False)
     assert res["n"] == 18
     records = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in records) == list(range(18))

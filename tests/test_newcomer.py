@@ -267,7 +267,7 @@ def test_expert_on_an_env_without_one_is_an_error(tmp_path, monkeypatch, capsys)
 def test_evaluation_samples_at_one_stated_temperature(tmp_path, monkeypatch):
     from gaca_agent import policies
     from gaca_agent.config import ModelSection
-    from gaca_agent.eval.evaluate import eval_policy_kwargs, evaluate
+    from gaca_agent.eval.evaluate import Evaluation, eval_policy_kwargs, evaluate
 
     assert ModelSection().eval_temperature == policies.EVAL_TEMPERATURE == 0.4
     assert eval_policy_kwargs("hf:m", {}) == {"temperature": 0.4}
@@ -280,7 +280,7 @@ def test_evaluation_samples_at_one_stated_temperature(tmp_path, monkeypatch):
         return real("random")
 
     monkeypatch.setattr(policies, "make_policy", fake)
-    evaluate("gaca/Diag-Corridor-v0", {}, "smollm2", 1, tmp_path / "e", progress=False)
+    evaluate(Evaluation("gaca/Diag-Corridor-v0", "smollm2", 1), tmp_path / "e", progress=False)
     assert seen == {"temperature": 0.4}
 
 
@@ -399,14 +399,15 @@ def test_step_before_reset_speaks_of_the_session():
 def test_audit_and_rescore_refuse_episodes_without_task_groups(tmp_path, capsys):
     from gaca_agent.cli import audit as audit_cli
     from gaca_agent.cli import rescore as rescore_cli
-    from gaca_agent.eval.evaluate import evaluate
+    from gaca_agent.eval.evaluate import Evaluation, evaluate
 
-    evaluate("gaca/Diag-Corridor-v0", {}, "random", 3, tmp_path / "lone", progress=False)
+    evaluate(Evaluation("gaca/Diag-Corridor-v0", "random", 3), tmp_path / "lone",
+             progress=False)
     for main, prog in ((audit_cli.main, "gaca-audit"), (rescore_cli.main, "gaca-rescore")):
         rc, _, err = run(main, [str(tmp_path / "lone")], capsys)
         one_line_error(rc, err, prog, "holds one rollout", "--group-size")
-    evaluate("gaca/Diag-Corridor-v0", {}, "random", 2, tmp_path / "groups", progress=False,
-             group_size=3)
+    evaluate(Evaluation("gaca/Diag-Corridor-v0", "random", 2, group_size=3),
+             tmp_path / "groups", progress=False)
     assert audit_cli.main([str(tmp_path / "groups")]) == 0
     assert rescore_cli.main([str(tmp_path / "groups")]) == 0
 

@@ -11,7 +11,7 @@ from gaca_agent.cli import fail
 from gaca_agent.config.checks import (InputError, check_env, check_env_builds, check_policy,
                                       check_run_inputs)
 from gaca_agent.eval import evaluate as _module
-from gaca_agent.eval.evaluate import (EvaluationFailed, EvaluationInterrupted,
+from gaca_agent.eval.evaluate import (Evaluation, EvaluationFailed, EvaluationInterrupted,
                                       eval_policy_kwargs, evaluate)
 from gaca_envs.kv import parse_pairs
 
@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         name = f"{args.env.split('/')[-1]}-{args.policy.replace(':', '_').replace('/', '_')}"
         out = args.out or Path("runs") / "eval" / name
-        results = evaluate(args.env, env_kwargs, args.policy, args.episodes or "10", out,
-                           args.workers, args.seed, policy_kwargs, args.max_live_envs,
-                           group_size=args.group_size, env_servers=args.env_servers)
+        results = evaluate(Evaluation(
+            args.env, args.policy, args.episodes or "10", env_kwargs, policy_kwargs,
+            args.seed, args.group_size, args.workers, args.max_live_envs,
+            env_servers=tuple(args.env_servers or ())), out)
     except EvaluationInterrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
         return 130

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -113,28 +114,53 @@ def plan(episodes: str | int, num_tasks: int | None, seed: int) -> list[tuple[in
     return [(i % num_tasks, seed + i) for i in range(n)]
 
 
-def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes: str | int,
-             out: Path, workers: int = 1, seed: int = 0, policy_kwargs: dict | None = None,
-             max_live_envs: int = 16, history_length: int = 2, progress: bool = True,
-             policy=None, group_size: int = 1,
-             env_servers: Sequence[str] | None = None, retries: int = 2) -> dict[str, Any]:
-    """Run (or resume) one evaluation into ``out``; returns the results dict. Raises
-    :class:`EvaluationInterrupted` on Ctrl-C after saving what finished. ``env_servers``:
-    play on these ``gaca-env-serve`` URLs instead of local worker processes. Raises
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation: what it plays (the env and its kwargs, ``episodes`` planned from
+    ``seed``, each ``group_size`` times from the same seed), with which policy, and how its
+    envs run (worker processes, live episodes, or ``env_servers``: ``gaca-env-serve`` URLs
+    to play on instead) with the prompt's ``history_length``."""
+
+    env_id: str
+    policy_spec: str
+    episodes: str | int = 10
+    env_kwargs: dict = field(default_factory=dict)
+    policy_kwargs: dict | None = None
+    seed: int = 0
+    group_size: int = 1
+    workers: int = 1
+    max_live_envs: int = 16
+    history_length: int = 2
+    env_servers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+
+    def meta(self) -> dict[str, Any]:
+        """What ``config.json`` records: a resumed evaluation must play the same."""
+        meta = {"env": self.env_id, "env_kwargs": self.env_kwargs, "policy": self.policy_spec,
+                "episodes": str(self.episodes), "seed": self.seed}
+        if self.policy_kwargs:  # a resumed evaluation must sample as the first part did
+            meta["policy_kwargs"] = self.policy_kwargs
+        if self.group_size > 1:
+            meta["group_size"] = self.group_size
+        return meta
+
+
+def evaluate(ev: Evaluation, out: Path, progress: bool = True, policy=None,
+             retries: int = 2) -> dict[str, Any]:
+    """Run (or resume) evaluation ``ev`` into ``out`` (``policy``: an instance of
+    ``ev.policy_spec`` already made); returns the results dict. Raises
+    :class:`EvaluationInterrupted` on Ctrl-C after saving what finished, and
     :class:`EvaluationFailed` when the policy or the envs fail, after saving what finished.
     Nothing is written before the plan is made (a bad ``episodes`` leaves no folder).
     Episodes that failed (their worker died, their env raised) are played again, up to
     ``retries`` more rounds; one that still fails stays in the results with its reason."""
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    planned = plan(episodes, num_tasks_of(env_id, env_kwargs, env_servers), seed)
+    planned = plan(ev.episodes, num_tasks_of(ev.env_id, ev.env_kwargs, ev.env_servers),
+                   ev.seed)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"env": env_id, "env_kwargs": env_kwargs, "policy": policy_spec,
-            "episodes": str(episodes), "seed": seed}
-    if policy_kwargs:  # a resumed evaluation must sample as the first part did
-        meta["policy_kwargs"] = policy_kwargs
-    if group_size > 1:
-        meta["group_size"] = group_size
+    meta = ev.meta()
     config_path = out / "config.json"
     if config_path.exists():
         previous = json.loads(config_path.read_text())
@@ -144,7 +170,7 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
     episodes_path = out / "episodes.jsonl"
     drop_partial_line(episodes_path)
     records = read_episodes(episodes_path)
-    g = group_size
+    g, total = ev.group_size, len(planned) * ev.group_size
     try:
         for attempt in range(1 + retries):  # failed episodes (a worker died) are replayed
             todo = [(i, task) for i, task in enumerate(planned)
@@ -155,26 +181,23 @@ def evaluate(env_id: str, env_kwargs: dict[str, Any], policy_spec: str, episodes
             if attempt and progress:
                 print(f"replaying {len(todo)} failed episode group(s) (try {attempt + 1} of "
                       f"{1 + retries})", flush=True)
-            _play(todo, records, episodes_path, env_id, env_kwargs, policy_spec, workers,
-                  policy_kwargs, max_live_envs, history_length, progress, policy, g,
-                  env_servers)
+            _play(ev, todo, records, episodes_path, progress, policy)
     except KeyboardInterrupt:
-        write_results(out, records, meta, policy_spec, env_id, complete=False)
+        write_results(out, records, meta, ev.policy_spec, ev.env_id, complete=False)
         raise EvaluationInterrupted(out, sum(not r["failed"] for r in records.values()),
-                                    len(planned) * g) from None
+                                    total) from None
     except Exception as err:
-        write_results(out, records, meta, policy_spec, env_id, complete=False)
+        write_results(out, records, meta, ev.policy_spec, ev.env_id, complete=False)
         if os.environ.get("GACA_TRACEBACK"):
             raise
         raise EvaluationFailed(out, sum(not r["failed"] for r in records.values()),
-                               len(planned) * g, err) from err
-    return write_results(out, records, meta, policy_spec, env_id, complete=True)
+                               total, err) from err
+    return write_results(out, records, meta, ev.policy_spec, ev.env_id, complete=True)
 
 
-def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, workers,
-          policy_kwargs, max_live_envs, history_length, progress, policy,
-          group_size: int = 1, env_servers: Sequence[str] | None = None) -> None:
-    """Play the episodes of ``todo`` (``group_size`` each, from the same seed), appending
+def _play(ev: Evaluation, todo, records, episodes_path: Path, progress: bool,
+          policy=None) -> None:
+    """Play the episodes of ``todo`` (``ev.group_size`` each, from the same seed), appending
     each one to the file as it ends; episode index = planned index x group_size + member."""
     from tqdm import tqdm
 
@@ -184,17 +207,19 @@ def _play(todo, records, episodes_path: Path, env_id, env_kwargs, policy_spec, w
     from gaca_agent.runs.progress import quiet_libraries
 
     quiet_libraries()
-    kwargs = eval_policy_kwargs(policy_spec, policy_kwargs)
-    policy = policy or make_policy(policy_spec, **kwargs)
+    group_size = ev.group_size
+    kwargs = eval_policy_kwargs(ev.policy_spec, ev.policy_kwargs)
+    policy = policy or make_policy(ev.policy_spec, **kwargs)
     # gaca-eval reports the environment's own rewards: no invalid-action penalty
-    collector = Collector(EnvSection(id=env_id, kwargs=dict(env_kwargs), workers=workers,
-                                     max_live_envs=max(1, min(max_live_envs,
+    collector = Collector(EnvSection(id=ev.env_id, kwargs=dict(ev.env_kwargs),
+                                     workers=ev.workers,
+                                     max_live_envs=max(1, min(ev.max_live_envs,
                                                               len(todo) * group_size)),
-                                     history_length=history_length, invalid_penalty=0.0,
-                                     servers=tuple(env_servers or ())))
+                                     history_length=ev.history_length, invalid_penalty=0.0,
+                                     servers=tuple(ev.env_servers)))
     at = f" at temperature {kwargs['temperature']:g}" if "temperature" in kwargs else ""
-    bar = tqdm(total=len(todo) * group_size, desc=f"{policy_spec} on {env_id}{at}", unit="ep",
-               disable=not progress)
+    bar = tqdm(total=len(todo) * group_size, desc=f"{ev.policy_spec} on {ev.env_id}{at}",
+               unit="ep", disable=not progress)
     index_of = {g: i for g, (i, _) in enumerate(todo)}
     steps = 0
 

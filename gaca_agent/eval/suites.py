@@ -64,19 +64,22 @@ def get_suite(name: str) -> Suite:
     return SUITES[name]
 
 
-def run_suite(name: str, policy_spec: str, out: Path, **kwargs: Any) -> str:
-    """Evaluate every part into ``out/<part>/``; write ``suite.json`` and ``suite.md``."""
-    from gaca_agent.eval.evaluate import eval_policy_kwargs, evaluate
+def run_suite(name: str, policy_spec: str, out: Path, episodes: str | int | None = None,
+              policy_kwargs: dict | None = None, progress: bool = True, **how: Any) -> str:
+    """Evaluate every part into ``out/<part>/`` (``episodes``: each part's own unless
+    given; ``how``: :class:`~gaca_agent.eval.evaluate.Evaluation`'s seed, workers and
+    max_live_envs); write ``suite.json`` and ``suite.md``."""
+    from gaca_agent.eval.evaluate import Evaluation, eval_policy_kwargs, evaluate
     from gaca_agent.policies import make_policy
 
     suite = get_suite(name)
-    policy_kwargs = eval_policy_kwargs(policy_spec, kwargs.pop("policy_kwargs", None))
+    policy_kwargs = eval_policy_kwargs(policy_spec, policy_kwargs)
     policy = make_policy(policy_spec, **policy_kwargs)
-    episodes = kwargs.pop("episodes", None)
     rows = {}
     for part in suite.parts:
-        res = evaluate(part.env_id, part.env_kwargs, policy_spec, episodes or part.episodes,
-                       out / part.name, policy=policy, policy_kwargs=policy_kwargs, **kwargs)
+        res = evaluate(Evaluation(part.env_id, policy_spec, episodes or part.episodes,
+                                  part.env_kwargs, policy_kwargs, **how),
+                       out / part.name, progress, policy)
         rows[part.name] = {k: res[k] for k in ("n", "failed", "success_rate", "success_ci95",
                                                "mean_score", "mean_steps")}
     table = {"suite": name, "version": suite.version if not episodes else
