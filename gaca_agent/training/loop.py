@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -29,6 +29,18 @@ from gaca_agent.training.producer import Batch, Lockstep, Producer, Schedule
 from gaca_agent.training.setup import (load_adapter, load_ahead, make_collector, make_policies,
                                        place_servers, resolve_model, save_ahead)
 from gaca_agent.training.sync import WeightSync
+
+if TYPE_CHECKING:  # the heavy classes, for the Run's fields only
+    from accelerate import Accelerator
+    from transformers import PreTrainedTokenizerBase
+
+    from gaca_agent.cluster.servers import Fleet
+    from gaca_agent.collect.collector import Collector
+    from gaca_agent.generate.server_engine import ServerEngine
+    from gaca_agent.generate.server_group import ServerGroup
+    from gaca_agent.learner.core import Learner
+    from gaca_agent.policies.hf import HFPolicy
+    from gaca_agent.policies.served import ServerPolicy
 
 
 class RunExists(ValueError):
@@ -56,21 +68,22 @@ class Run:
     """Everything one training run holds while it runs."""
 
     cfg: TrainConfig
-    acc: Any
+    acc: Accelerator
     run_dir: Path
-    learner: Any
-    tokenizer: Any
+    learner: Learner
+    tokenizer: PreTrainedTokenizerBase
     log: MetricsLog
     start: int
-    policy: Any = None
-    eval_policy: Any = None
-    server: Any = None
-    fleet: Any = None
+    policy: HFPolicy | ServerPolicy | None = None
+    eval_policy: HFPolicy | ServerPolicy | None = None
+    server: ServerEngine | ServerGroup | None = None
+    """The inference server's client (``model.engine: server``)."""
+    fleet: Fleet | None = None
     """The inference servers Ray started for the run (``cluster.servers``)."""
-    collector: Any = None
-    evaluator: Any = None
+    collector: Collector | None = None
+    evaluator: Collector | None = None
     sync: WeightSync | None = None
-    source: Any = None
+    source: Lockstep | Producer | None = None
     """Where batches come from: :class:`Lockstep` or a :class:`Producer` running ahead."""
     ahead: list = field(default_factory=list)
     """A resumed asynchronous run's batches collected before its checkpoint."""
