@@ -88,3 +88,33 @@ def test_a_path_with_no_evaluation_is_one_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["--leaderboard", str(tmp_path / "empty")]) != 0
     assert "holds no gaca-eval results" in capsys.readouterr().err
+
+
+def test_two_evaluations_of_the_same_episodes_are_compared_pair_by_pair(tmp_path, capsys):
+    """gaca-eval --compare A B on the same plan adds the paired line: wins of each, the
+    episodes only one won, and the exact sign test over those; another plan gets none."""
+    from gaca_agent.analysis.paired import paired
+    from gaca_agent.cli.eval import main
+
+    # the pure count against a plain computation: 6 episodes only B won, none only A
+    a = {i: i < 2 for i in range(10)}
+    b = {i: i < 8 for i in range(10)}
+    assert paired(a, b) == {"n": 10, "won_a": 2, "won_b": 8, "only_a": 0, "only_b": 6,
+                            "p": pytest.approx(2 / 2 ** 6)}
+    assert paired({0: True, 1: False}, {1: True, 2: True})["n"] == 1  # both played: 1
+    common = ["--env", "gaca/Diag-Corridor-v0", "--env-kwargs", "split=test", "--episodes",
+              "12", "--workers", "0"]
+    for policy in ("random", "expert"):
+        assert main([*common, "--policy", policy, "--out", str(tmp_path / policy)]) == 0
+    assert main([*common[:5], "6", *common[6:], "--policy", "expert", "--out",
+                 str(tmp_path / "fewer")]) == 0
+    capsys.readouterr()
+    assert main(["--compare", str(tmp_path / "random"), str(tmp_path / "expert")]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    won = {p: json.loads((tmp_path / p / "results.json").read_text())["success_rate"] * 12
+           for p in ("random", "expert")}
+    assert line.startswith("paired over the 12 episodes both played")
+    assert f"expert won {won['expert']:.0f}" in line and f"random won {won['random']:.0f}" in line
+    assert won["expert"] == 12 and "p = " in line
+    assert main(["--compare", str(tmp_path / "random"), str(tmp_path / "fewer")]) == 0
+    assert "paired" not in capsys.readouterr().out  # 6 planned episodes: another plan

@@ -48,7 +48,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", default=None, help="run a named suite (see --list-suites)")
     parser.add_argument("--list-suites", action="store_true")
     parser.add_argument("--compare", nargs="+", type=Path, default=None,
-                        help="print evaluations or suites side by side")
+                        help="print evaluations or suites side by side; two evaluations "
+                             "of the same episodes also compared pair by pair (exact sign "
+                             "test)")
     parser.add_argument("--leaderboard", nargs="+", type=Path, default=None, metavar="PATH",
                         help="tables of every gaca-eval folder and gaca-train run under "
                              "PATH, one per protocol, with Wilson intervals (written to "
@@ -70,6 +72,12 @@ def tables(args) -> int | None:
         return 0
     if args.compare:
         print(suites.compare(args.compare))
+        if len(args.compare) == 2:  # two evaluations of the same episodes: paired
+            from gaca_agent.analysis.paired import paired_line
+
+            line = paired_line(*args.compare)
+            if line:
+                print(line)
         return 0
     if args.leaderboard:
         from gaca_agent.eval.leaderboard import write
