@@ -263,3 +263,25 @@ def test_a_run_starts_from_another_runs_warm_up(tmp_path, fresh_accelerate):
     evals = sorted(k for k in warmed if k.startswith("eval/"))
     assert evals and {k: started[k] for k in evals} == {k: warmed[k] for k in evals}
     assert warmed["eval/format_invalid"] < 1.0  # the warm-up taught something to keep
+
+
+def test_the_final_evaluation_reuses_the_last_iterations_evaluation(tmp_path, fresh_accelerate,
+                                                                    monkeypatch):
+    """The last iteration's held-out evaluation plays the final weights on the final
+    evaluation's episodes: final_eval/ is written from it, not played a second time."""
+    from gaca_agent.config import load_config
+    from gaca_agent.training import iteration
+    from gaca_agent.training.loop import train
+
+    played = []
+    init = iteration.HeldOut.__init__
+    monkeypatch.setattr(iteration.HeldOut, "__init__",
+                        lambda self, *a: (played.append(1), init(self, *a))[1])
+    run = train(load_config(str(DEFAULT), [
+        *SMALL, "iterations=2", "eval_every=1", "checkpoint_every=0", "env.eval_episodes=8",
+        "warmup.bc_steps=5", f"out_dir={tmp_path}", "name=reuse"]), progress=False)
+    assert len(played) == 3  # after the warm-up, after each iteration; none more
+    last = metrics(run)[1]
+    final = json.loads((run / "final_eval" / "results.json").read_text())
+    assert final["n"] == 8 and final["success_rate"] == pytest.approx(last["eval/success"])
+    assert final["mean_steps"] == pytest.approx(last["eval/length"])

@@ -21,7 +21,7 @@ from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_li
                                       warmup_progress)
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, resume_hint, save_checkpoint,
                                     write_atomic, write_rollouts)
-from gaca_agent.training.iteration import (episode_records, estimate,
+from gaca_agent.training.iteration import (HeldOut, episode_records, estimate,
                                            globalize, held_out, iteration_tasks, rank_share,
                                            reduce_sums, rollout_metrics, rollout_sums,
                                            write_train_report)
@@ -91,6 +91,9 @@ class Run:
     n_eval: int = 0
     busy: float = 0.0
     """The server engine's busy seconds up to the last iteration."""
+    final_eval: HeldOut | None = None
+    """The last iteration's held-out evaluation (of the final weights), reused by the final
+    evaluation instead of playing the same episodes again."""
 
     def close(self) -> None:
         for part in (self.source, self.sync, self.collector, self.evaluator, self.server,
@@ -265,7 +268,10 @@ def observe(run: Run, it: int, batch: Batch, table, diag, dropped: int, t_update
                     "perf/collect_s": batch.seconds, "perf/update_s": t_update})
     metrics.update(run.source.report(acc, table, it, dropped))
     if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
-        metrics.update(held_out(run.learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+        evaluation = HeldOut(run.learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
+        metrics.update(evaluation.metrics())
+        if it + 1 == cfg.iterations:  # the final weights: the final evaluation's episodes
+            run.final_eval = evaluation
     elapsed = time.perf_counter() - t0
     metrics.update({"perf/iteration_s": elapsed,
                     "perf/learner_busy": min(1.0, t_update / max(elapsed, 1e-9))})
@@ -352,7 +358,7 @@ def _finish(run: Run) -> None:
     episodes; the main process writes ``final_eval/``)."""
     from accelerate.utils import gather_object
 
-    from gaca_agent.eval.evaluate import plan, write_evaluation
+    from gaca_agent.eval.evaluate import write_evaluation
 
     cfg, learner, run_dir, n_eval = run.cfg, run.learner, run.run_dir, run.n_eval
     acc = learner.accelerator
@@ -360,14 +366,9 @@ def _finish(run: Run) -> None:
     trainable = {k for k, p in learner.unwrapped.named_parameters() if p.requires_grad}
     state = learner.state_dict()
     digests = gather_object([param_digest({k: v for k, v in state.items() if k in trainable})])
-    tasks = plan(cfg.env.eval_episodes, n_eval, EVAL_SEED)
-    mine = rank_share(len(tasks), acc)
-    with learner.rollout_context():
-        rollout = run.evaluator.run(run.eval_policy, [tasks[i] for i in mine], 1)
-    records = episode_records(rollout)
-    for record in records:  # local episode -> the plan's episode index
-        record["index"] = mine[record["index"]]
-    records = gather_object(records)
+    # the last iteration's evaluation when it played these weights, else played now
+    evaluation = run.final_eval or HeldOut(learner, run.eval_policy, run.evaluator, cfg, n_eval)
+    records = gather_object(evaluation.records())
     if acc.is_main_process:
         write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
             {"digests": digests, "in_sync": len(set(digests)) == 1}))
