@@ -65,7 +65,9 @@ AREAS: dict[str, tuple[list[str], list[str]]] = {
     "remote": (["gaca_envs/remote/*.py"],
                ["tests/test_env_service.py", "tests/test_env_server.py"]),
     "cluster": (["gaca_agent/cluster/*.py"], ["tests/test_cluster.py",
-                                              "tests/test_cluster_learners.py"]),
+                                              "tests/test_cluster_learners.py",
+                                              "tests/test_reaper.py",
+                                              "tests/test_head_watch.py"]),
     "envs": (["gaca_envs/alfworld/canonical.py", "gaca_envs/webshop/reward.py"],
              ["tests/test_alfworld.py", "tests/test_webshop.py"]),
 }
