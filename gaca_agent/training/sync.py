@@ -60,9 +60,7 @@ class WeightSync:
             self.learner.save_weights(path, self.server.sync_dtype)
             load = partial(self._from_disk, path, name, version)
         sent = self._on_main(load, f"weight sync of version {version} failed") or {}
-        for i, engine in self.joining.items():  # up, with this version: they serve now
-            self.engine.admit(i, engine)
-        self.joining = {}
+        self._admit()
         if not acc.is_main_process:  # the other ranks' engines (the main one has it)
             for engine in self.engine.members:
                 engine.synced(version, name, labelled=not self.lora or engine.kind == "sglang")
@@ -104,6 +102,18 @@ class WeightSync:
                 sender.close()
             joining[i] = old.twin(url)
         return joining
+
+    def _admit(self) -> None:
+        """The joining servers that took the weights (the main process's word, on every
+        rank) serve from now on."""
+        from accelerate.utils import broadcast_object_list
+
+        took = [sorted(self.joining)]
+        if self.learner.accelerator.num_processes > 1:
+            broadcast_object_list(took)
+        for i in took[0]:
+            self.engine.admit(i, self.joining[i])
+        self.joining = {}
 
     def _on_each(self, step) -> list:
         """``step(server, index)`` on every server still up and every one joining, their
