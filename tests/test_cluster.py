@@ -405,6 +405,9 @@ def test_inference_servers_placed_by_ray_share_the_rollouts_and_survive_a_lost_n
             f"out_dir={tmp_path}", "name=placed", "model.engine=server", "server.model=tiny",
             "server.retries=0", "model.max_new_tokens=12", "cluster.backend=ray",
             f"cluster.address={made.address}", "cluster.servers=2", "cluster.server_cpus=0.5",
+            # env actors small enough that wherever Ray puts them the spare node keeps
+            # room for the replacement server
+            "cluster.env_cpus=0.2",
             "cluster.server_resources={gpu_slot: 1}", "cluster.server_start_timeout_s=120"]),
             progress=False)
     finally:
