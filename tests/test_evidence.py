@@ -280,7 +280,7 @@ def test_a_studys_auc_columns_subtract_to_its_paired_differences(tmp_path):
         assert summary[a]["auc"]["mean"] - summary[b]["auc"]["mean"] == \
             pytest.approx(auc["mean"])
         assert auc["t_test_p"] == pytest.approx(t_test(auc["differences"]))
-    for metric in ("final", "auc"):
+    for metric in ("final", "auc", "drop", "late_sd"):
         for test in ("t_test", "sign_test"):
             raw = [result[f"{a} - {b}"][metric][f"{test}_p"] for a, b in pairs]
             assert [result[f"{a} - {b}"][metric][f"{test}_holm"] for a, b in pairs] == \
@@ -329,6 +329,14 @@ def test_paired_differences_equal_a_plain_computation(tmp_path):
     assert (got["final"]["wins"], got["final"]["losses"], got["final"]["ties"]) == (2, 0, 1)
     assert got["final"]["sign_test_p"] == pytest.approx(0.5)  # 2 of 2 untied: 2 x 1/4
     assert abs(auc[1]) < 1e-12 and (got["auc"]["wins"], got["auc"]["losses"]) == (2, 0)
+    # stability: the largest fall from one evaluation to the next (0 if none), and the
+    # population SD of the last four evaluations (here all three)
+    drop = [0.0 - 0.1, 0.0 - 0.0, 0.0 - 0.0]  # gigpo never fell; grpo fell 0.1 on seed 1
+    late = [statistics.pstdev(curves[("gigpo", s)]) - statistics.pstdev(curves[("grpo", s)])
+            for s in (1, 2, 3)]
+    assert got["drop"]["differences"] == pytest.approx(drop)
+    assert got["late_sd"]["differences"] == pytest.approx(late)
+    assert (got["drop"]["wins"], got["drop"]["losses"], got["drop"]["ties"]) == (0, 1, 2)
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.706), (5, 2.571), (12, 2.179), (13, 2.160),

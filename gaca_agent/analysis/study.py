@@ -224,19 +224,31 @@ def screened_seeds(preset: Preset, out: Path, jobs: int) -> dict[str, list[int]]
     return result
 
 
-def run_scores(rows: list[dict]) -> tuple[float, float] | None:
-    """(final held-out success, area under the held-out curve) of one run: the area is
-    the mean success over the evaluation points, the warm-up's included."""
-    points = eval_points(rows)
+#: The per-run measures a paired comparison reports: final held-out success, the area
+#: under the held-out curve, and two of stability late in training.
+METRICS = ("final", "auc", "drop", "late_sd")
+METRIC_NAMES = {"final": "final success", "auc": "AUC", "drop": "largest drop",
+                "late_sd": "SD of last 4"}
+
+
+def run_scores(rows: list[dict]) -> dict[str, float] | None:
+    """One run's :data:`METRICS`: its final held-out success; the area under its held-out
+    curve (the mean success over the evaluation points, the warm-up's included); its
+    largest drop in success from one evaluation to the next (0 when it never fell); and
+    the standard deviation of its last four evaluations (population form)."""
+    points = [v for _, v in eval_points(rows)]
     if not points:
         return None
-    return points[-1][1], sum(v for _, v in points) / len(points)
+    late = points[-4:]
+    return {"final": points[-1], "auc": sum(points) / len(points),
+            "drop": max([0.0, *(a - b for a, b in zip(points, points[1:]))]),
+            "late_sd": statistics.pstdev(late) if len(late) > 1 else 0.0}
 
 
 def paired(out: Path, runs: list[Run], pairs) -> dict[str, Any]:
-    """Per env and pair (a, b): a - b per seed in final success and AUC, the mean with a
-    95% t-interval, wins/losses/ties and the sign test."""
-    scores: dict[tuple[str, str, int], tuple[float, float]] = {}
+    """Per env and pair (a, b): a - b per seed in each of :data:`METRICS`, the mean with
+    a 95% t-interval, wins/losses/ties, the t test and the sign test."""
+    scores: dict[tuple[str, str, int], dict[str, float]] = {}
     for run in runs:
         got = run_scores(read_metrics(out / "runs" / run.name))
         if got is not None:
@@ -249,8 +261,8 @@ def paired(out: Path, runs: list[Run], pairs) -> dict[str, Any]:
             if not seeds:
                 continue
             entry: dict[str, Any] = {"seeds": seeds}
-            for k, metric in enumerate(("final", "auc")):
-                diffs = [scores[(env_label, a, s)][k] - scores[(env_label, b, s)][k]
+            for metric in METRICS:
+                diffs = [scores[(env_label, a, s)][metric] - scores[(env_label, b, s)][metric]
                          for s in seeds]
                 mean, half = t_interval(diffs)
                 entry[metric] = {"differences": diffs, "mean": mean, "ci95": [mean - half,
@@ -269,7 +281,7 @@ def paired(out: Path, runs: list[Run], pairs) -> dict[str, Any]:
 def adjust_for_comparisons(table: dict[str, Any]) -> None:
     """Holm-adjusted p values (``t_test_holm``, ``sign_test_holm``) of one environment's
     comparisons, per metric and test: the family is every comparison of the table."""
-    for metric in ("final", "auc"):
+    for metric in METRICS:
         for test in ("t_test", "sign_test"):
             entries = [entry[metric] for entry in table.values()]
             for m, p in zip(entries, holm([m[f"{test}_p"] for m in entries])):
@@ -320,7 +332,7 @@ def aggregate(out: Path, runs: list[Run]) -> dict[str, Any]:
                 finite &= all(math.isfinite(v) for v in r.values() if isinstance(v, float))
         curve = {it: t_interval(v) for it, v in sorted(points.items())}
         last = max(curve) if curve else None
-        auc = [scores[1] for scores in map(run_scores, seeds) if scores is not None]
+        auc = [scores["auc"] for scores in map(run_scores, seeds) if scores is not None]
         summary.setdefault(env_label, {})[label] = {
             "seeds": len(seeds), "finite": finite,
             "curve": {str(k): {"mean": m, "ci95": c, "n": len(points[k])}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gaca_agent.analysis.study import METRIC_NAMES, METRICS
 from gaca_agent.runs.rundir import eval_points, read_metrics
 
 
@@ -82,9 +83,9 @@ def paired_markdown(result: dict[str, Any]) -> str:
                   "ties | t test p (Holm) | sign test p (Holm) |",
                   "|---|---|---|---|---|---|---|"]
         for name, entry in table.items():
-            for metric in ("final", "auc"):
+            for metric in (k for k in METRICS if k in entry):  # older tables: final, auc
                 m = entry[metric]
-                lines.append(f"| {name} | {'final success' if metric == 'final' else 'AUC'} | "
+                lines.append(f"| {name} | {METRIC_NAMES[metric]} | "
                              f"{len(entry['seeds'])} | {m['mean']:+.3f} ({m['ci95'][0]:+.3f} "
                              f"to {m['ci95'][1]:+.3f}) | {m['wins']} / {m['losses']} / "
                              f"{m['ties']} | {_p(m, 't_test')} | {_p(m, 'sign_test')} |")
