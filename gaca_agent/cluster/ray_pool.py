@@ -35,8 +35,8 @@ ADDRESS_VAR = "GACA_RAY_ADDRESS"
 
 def connect(cluster, log_to_driver: bool = False) -> None:
     """Join ``cluster.address`` (a learner rank Ray placed: its launcher's cluster) or
-    start a Ray on this machine, on loopback (once per process); ``log_to_driver``: the output of the
-    actors this process starts shows in its own."""
+    start a Ray on this machine, on loopback (once per process); ``log_to_driver``: the
+    output of the actors this process starts shows in its own."""
     import os
 
     import ray
