@@ -123,20 +123,24 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
     monkeypatch.setenv(ADDRESS_VAR, "10.0.0.1:6379")
     ray_pool.connect(ClusterSection(backend="ray"))
     ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"), True)
+    monkeypatch.setenv(ADDRESS_VAR, "127.0.0.1:6379")  # a launcher's Ray on loopback
+    ray_pool.connect(ClusterSection(backend="ray"))
     monkeypatch.delenv(ADDRESS_VAR)
     ray_pool.connect(ClusterSection(backend="ray", object_store_mb=100))
     assert joined == [
         {"address": "10.0.0.1:6379", "log_to_driver": False, "loopback": False},
         {"address": "ray://head:10001", "log_to_driver": True, "loopback": False},
+        # joined as loopback: Ray would rewrite 127.0.0.1 to the default route's address
+        {"address": "127.0.0.1:6379", "log_to_driver": False, "loopback": True},
         # a Ray started here: its object store as asked, no dashboard, quiet actors, on
         # loopback (and Ray's own flag as it was, after)
         {"address": "local", "object_store_memory": 100 << 20, "include_dashboard": False,
          "log_to_driver": False, "loopback": True}]
     assert constants.ENABLE_RAY_CLUSTER
-    assert checked == ["10.0.0.1:6379", "ray://head:10001"]  # each address tried first
+    assert checked == ["10.0.0.1:6379", "ray://head:10001", "127.0.0.1:6379"]  # tried first
     fake.is_initialized = lambda: True  # once per process
     ray_pool.connect(ClusterSection(backend="ray"))
-    assert len(joined) == 3
+    assert len(joined) == 4
 
 
 def test_a_cluster_address_that_nothing_holds_fails_in_seconds_in_one_line(monkeypatch):

@@ -13,6 +13,7 @@ replays from the episode's seed (``env.rerun_lost``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from gaca_agent.cluster.fit import (actors_per_collector, fit_problem, node_resources,
@@ -46,19 +47,36 @@ def connect(cluster, log_to_driver: bool = False) -> None:
     address = cluster.address or os.environ.get(ADDRESS_VAR, "")
     if address:
         check_reachable(address)  # ray.init waits forever for an address nothing holds
-        ray.init(address=address, log_to_driver=log_to_driver)
+        host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+        with on_loopback(host in LOOPBACK):  # a Ray started on loopback by another process
+            ray.init(address=address, log_to_driver=log_to_driver)
     else:
-        from ray._private import ray_constants
-
-        # One machine: Ray's services on loopback, not the default route's address (where
-        # any host of the network could reach them). Ray keeps loopback for where it runs
-        # without cluster support; the flag is read once, when the node is made.
-        cluster_mode, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
-        try:
+        with on_loopback(True):
             ray.init(address="local", object_store_memory=cluster.object_store_mb << 20,
                      include_dashboard=False, log_to_driver=log_to_driver)
-        finally:
-            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+#: The hosts a Ray on loopback is joined by.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def on_loopback(wanted: bool):
+    """Inside, a Ray made or joined here stays on loopback (when ``wanted``): its services
+    listen on 127.0.0.1, not on the default route's address where any host of the network
+    could reach them, and a loopback address is not rewritten to that address. Ray keeps
+    loopback where it runs without cluster support; its flag is read when a node is made
+    or joined, and is restored after."""
+    from ray._private import ray_constants
+
+    if not wanted:
+        yield
+        return
+    cluster_mode, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
 
 def check_placement(cluster, env_workers: int) -> str | None:
