@@ -358,7 +358,7 @@ def _finish(run: Run) -> None:
     episodes; the main process writes ``final_eval/``)."""
     from accelerate.utils import gather_object
 
-    from gaca_agent.eval.evaluate import write_evaluation
+    from gaca_agent.eval.evaluate import Evaluation, write_evaluation
 
     cfg, learner, run_dir, n_eval = run.cfg, run.learner, run.run_dir, run.n_eval
     acc = learner.accelerator
@@ -372,8 +372,8 @@ def _finish(run: Run) -> None:
     if acc.is_main_process:
         write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
             {"digests": digests, "in_sync": len(set(digests)) == 1}))
-        meta = {"env": cfg.env.id, "env_kwargs": dict(cfg.env.eval_kwargs), "policy": "trained",
-                "episodes": str(cfg.env.eval_episodes), "seed": EVAL_SEED}
+        meta = Evaluation(cfg.env.id, "trained", cfg.env.eval_episodes,
+                          dict(cfg.env.eval_kwargs), seed=EVAL_SEED).meta()
         write_evaluation(run_dir / "final_eval", {r["index"]: r for r in records}, meta,
                          "trained", cfg.env.id)
         try:
