@@ -221,7 +221,7 @@ def cluster():
 def collector(address, resources=(("envhost", 1),), **env):
     section = EnvSection(id=CORRIDOR, kwargs={"split": "test"}, max_live_envs=4,
                          invalid_penalty=-0.1, **{"workers": 2, **env})
-    return Collector(section, pool=ray_pool(section, ClusterSection(
+    return Collector(section, pool=ray_pool(section.spec, section.hosts, ClusterSection(
         backend="ray", address=address, env_actors=2, env_cpus=0.5,
         env_resources=dict(resources))))
 

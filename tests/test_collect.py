@@ -17,6 +17,7 @@ import pytest
 from conftest import has_module
 from gaca_agent.collect.collector import Collector
 from gaca_agent.collect.pools import LocalPool, make_pool
+from gaca_agent.collect.settings import EnvSpec, HostSettings
 from gaca_agent.collect.workers import EnvHost, EnvPool, WorkerFailure, serve_pipe
 from gaca_agent.config import EnvSection
 from gaca_agent.generate.prompts import format_response
@@ -235,6 +236,25 @@ def test_the_invalid_penalty_falls_on_invalid_steps_only(mode):
         assert ep.total_reward == pytest.approx(9.9 if mode == "reward" else 10.0)
 
 
+def test_each_env_key_reaches_the_one_section_that_uses_it():
+    """The env section's flat YAML keys are split into the collector's sections (spec,
+    hosts, prompts, scoring); a key in none of them (bar the run's own) would be lost."""
+    from dataclasses import fields
+
+    values = {"id": CORRIDOR, "kwargs": {"split": "test"}, "workers": 3, "max_live_envs": 5,
+              "servers": ("http://h:1",), "recycle_after": 7, "timeout_s": 9.0,
+              "history_length": 4, "template_file": "t.py", "invalid_penalty": -0.3,
+              "invalid_definition": "format", "penalty_mode": "row", "reward": "success",
+              "reward_scale": 2.0, "nll_span": "action"}
+    env = EnvSection(**values)
+    parts = (env.spec, env.hosts, env.prompts, env.scoring)
+    seen = {f.name: getattr(part, f.name) for part in parts for f in fields(part)}
+    assert seen == values
+    run_keys = {"eval_kwargs", "eval_episodes", "groups", "group_size", "rerun_lost"}
+    assert {f.name for f in fields(EnvSection)} == set(values) | run_keys
+    assert env.eval_spec == EnvSpec(CORRIDOR, {"split": "test"})
+
+
 def test_format_invalid_steps_and_success_reward():
     """verl-agent's definitions: a response without think tags is invalid even when its
     action is admissible; ``success`` pays 1 on the winning step only."""
@@ -341,10 +361,10 @@ def test_a_streaming_policy_plays_every_episode_with_its_own_keys():
 def test_the_env_section_chooses_the_backend_and_every_backend_plays_alike():
     with pytest.raises(ValueError, match="env.workers must be >= 0"):
         EnvSection(id=CORRIDOR, workers=-1)
-    local = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=0,
-                                 max_live_envs=3))
-    procs = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "test"}, workers=2,
-                                 max_live_envs=3, recycle_after=5, timeout_s=9))
+    corridor = EnvSpec(CORRIDOR, {"split": "test"})
+    local = make_pool(corridor, HostSettings(workers=0, max_live_envs=3))
+    procs = make_pool(corridor, HostSettings(workers=2, max_live_envs=3, recycle_after=5,
+                                             timeout_s=9))
     try:
         assert isinstance(local, LocalPool) and isinstance(procs, EnvPool)
         assert (local.num_envs, local.num_workers, local.pids()) == (3, 1, [os.getpid()])
@@ -364,7 +384,7 @@ def test_the_env_section_chooses_the_backend_and_every_backend_plays_alike():
     with pytest.raises(ValueError, match="num_envs"):
         LocalPool(CORRIDOR, num_envs=0)
     with pytest.raises(RuntimeError, match="cannot be reached"):  # servers: a RemotePool
-        make_pool(EnvSection(id=CORRIDOR, servers=("http://127.0.0.1:9",)))
+        make_pool(corridor, HostSettings(servers=("http://127.0.0.1:9",)))
 
 
 def test_rollouts_are_the_same_in_this_process_and_in_workers():

@@ -477,8 +477,9 @@ def test_the_pool_plays_what_the_env_section_asks_for():
     server = InProcess(token="k")
     local = gym.make(CORRIDOR, split="train")
     try:
-        pool = make_pool(EnvSection(id=CORRIDOR, kwargs={"split": "train"}, max_live_envs=2,
-                                    servers=(server.url,), timeout_s=7), token="k")
+        env = EnvSection(id=CORRIDOR, kwargs={"split": "train"}, max_live_envs=2,
+                         servers=(server.url,), timeout_s=7)
+        pool = make_pool(env.spec, env.hosts, token="k")
         try:
             assert (pool.env_id, pool.env_kwargs, pool.timeout_s, pool.token) == \
                 (CORRIDOR, {"split": "train"}, 7, "k")

@@ -203,9 +203,10 @@ class RayPool(HostPool):
             self._actors[w] = None
 
 
-def ray_pool(env, cluster):
+def ray_pool(spec, hosts, cluster):
     """The collector's pool factory for ``cluster.backend: ray``: a :class:`RayPool` of
-    ``env`` (an env section), made when the collector first needs it."""
-    return lambda: RayPool(env.id, env.kwargs, env.max_live_envs,
-                           actors_per_collector(cluster, env.workers), cluster,
-                           env.recycle_after, env.timeout_s)
+    the env ``spec`` sized by ``hosts`` (:mod:`gaca_agent.collect.settings`), made when the
+    collector first needs it."""
+    return lambda: RayPool(spec.id, spec.kwargs, hosts.max_live_envs,
+                           actors_per_collector(cluster, hosts.workers), cluster,
+                           hosts.recycle_after, hosts.timeout_s)

@@ -28,7 +28,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gaca_agent.collect.settings import EnvSection
-from gaca_agent.generate.prompts import PromptBuilder, verl_format_valid
 from gaca_agent.generate.sampling import row_key
 from gaca_agent.steps import Episode, Rollout, StepTable, TableBuilder, action_code, code
 from gaca_agent.collect.pools import EnvSlots, make_pool
@@ -41,20 +40,22 @@ class Collector:
     """Runs task groups through a policy; owns the env pool and the episode histories.
 
     ``env`` (:class:`~gaca_agent.collect.settings.EnvSection`, gaca-train's env section)
-    says which env and kwargs (``env.kwargs``), how many workers and live episodes, the
-    prompts' history and template, and how a step's reward and penalty are formed.
-    ``token``: the env servers' bearer token (default ``$GACA_ENV_TOKEN``). ``pool``: makes
-    the env slots elsewhere (the trainer's Ray actors); by default
-    :func:`~gaca_agent.collect.pools.make_pool` of ``env``."""
+    is split once into what each part uses: which env and kwargs (``spec``), where its
+    episodes run (``hosts``), the prompts (``prompts``), how a step is scored
+    (``scoring``). ``token``: the env servers' bearer token (default
+    ``$GACA_ENV_TOKEN``). ``pool``: makes the env slots elsewhere (the trainer's Ray
+    actors); by default :func:`~gaca_agent.collect.pools.make_pool` of ``spec`` and
+    ``hosts``."""
 
     def __init__(self, env: EnvSection, token: str | None = None,
                  pool: Callable[[], EnvSlots] | None = None) -> None:
         from gaca_agent.generate.families import family_of
 
-        self.config = env
+        self.spec, self.scoring, self.prompts = env.spec, env.scoring, env.prompts
+        self.rerun_lost = env.rerun_lost
         self.token = token if token is not None else os.environ.get("GACA_ENV_TOKEN")
-        self._make_pool = pool or (lambda: make_pool(env, self.token))
-        self.prompts = PromptBuilder(env.history_length, env.template_file)
+        hosts = env.hosts
+        self._make_pool = pool or (lambda: make_pool(self.spec, hosts, self.token))
         self.family = family_of(env.id)
         self._pool: EnvSlots | None = None
 
@@ -142,7 +143,7 @@ class Collector:
         """Whether episode ``e`` lost its host and goes back to the queue, to be played
         again from its seed (at most ``env.rerun_lost`` times; then it is kept failed)."""
         if not (isinstance(answer, WorkerFailure) and answer.lost
-                and play.replays[e] < self.config.rerun_lost):
+                and play.replays[e] < self.rerun_lost):
             return False
         play.replays[e] += 1
         play.live.pop(slot)
@@ -180,7 +181,7 @@ class Collector:
         step = len(st["history"])
         key = (None if ep.seed is None else
                row_key(ep.seed, ep.traj % group_size, step))
-        return Turn(self.config.id, info.get("task", ""), st["obs"],
+        return Turn(self.spec.id, info.get("task", ""), st["obs"],
                     tuple(info.get("admissible_actions", ())), tuple(st["history"]),
                     step, expert_action, self.family, key, st.get("version"),
                     (ep.seed, ep.traj))
@@ -191,14 +192,9 @@ class Collector:
             ep.failed, ep.error = True, result.message
             return
         obs, reward, terminated, truncated, info = result
-        c = self.config
         valid = bool(info.get("action_valid", True))
-        base = (float(bool(terminated and info.get("won"))) if c.reward == "success"
-                else float(reward)) * c.reward_scale
-        invalid = not verl_format_valid(out.text) if c.invalid_definition == "format" \
-            else not valid
-        penalty = c.invalid_penalty if invalid else 0.0
-        shaped = base + (penalty if c.penalty_mode == "reward" else 0.0)
+        shaped, penalty = self.scoring.score(reward, bool(terminated and info.get("won")),
+                                             valid, out.text)
         nll = out.nll or {}
         before = st["info"]
         # an env without state keys (a plain gymnasium env): its observations stand in
@@ -209,12 +205,12 @@ class Collector:
             admissible_actions=tuple(before.get("admissible_actions", ())),
             response=out.text, action_text=out.action, action=action_code(out.action),
             format_valid=out.format_valid, action_valid=valid, reward=shaped,
-            penalty=penalty if c.penalty_mode == "row" else 0.0,
+            penalty=penalty,
             env_reward=float(reward), state_key=state_key, state=code(state_key),
             next_state_key=next_key, next_state=code(next_key),
             obs_state=code(st["obs"]), obs_next_state=code(obs),
             terminal=bool(terminated), truncated=bool(truncated),
-            nll=float(nll.get(c.nll_span, 0.0)),
+            nll=float(nll.get(self.scoring.nll_span, 0.0)),
             nll_response=float(nll.get("response", 0.0)),
             nll_action=float(nll.get("action", 0.0)),
             nll_think=float(nll.get("think", 0.0)),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from gaca_agent.collect.settings import EnvSpec, HostSettings
 from gaca_agent.collect.workers import EnvHost, EnvPool
 
 
@@ -90,16 +91,16 @@ class LocalPool:
         self.close()
 
 
-def make_pool(env, token: str | None = None) -> EnvSlots:
-    """The env slots of an env section ``env``: on its servers, in this process
+def make_pool(spec: EnvSpec, hosts: HostSettings, token: str | None = None) -> EnvSlots:
+    """The env slots of ``spec`` where ``hosts`` says: on its servers, in this process
     (``workers: 0``) or in worker processes. (Ray actors are the cluster's:
     :func:`gaca_agent.cluster.ray_pool.ray_pool`, handed to the collector by the trainer.)"""
-    if env.servers:
+    if hosts.servers:
         from gaca_agent.collect.remote_pool import RemotePool
 
-        return RemotePool(list(env.servers), env.id, env.kwargs, env.max_live_envs,
-                          env.timeout_s, token)
-    if env.workers == 0:
-        return LocalPool(env.id, env.kwargs, env.max_live_envs)
-    return EnvPool(env.id, env.kwargs, env.max_live_envs, env.workers, env.recycle_after,
-                   env.timeout_s)
+        return RemotePool(list(hosts.servers), spec.id, spec.kwargs, hosts.max_live_envs,
+                          hosts.timeout_s, token)
+    if hosts.workers == 0:
+        return LocalPool(spec.id, spec.kwargs, hosts.max_live_envs)
+    return EnvPool(spec.id, spec.kwargs, hosts.max_live_envs, hosts.workers,
+                   hosts.recycle_after, hosts.timeout_s)

@@ -94,7 +94,7 @@ def make_collector(cfg: TrainConfig, kwargs: dict):
         return Collector(env)
     from gaca_agent.cluster.ray_pool import ray_pool
 
-    return Collector(env, pool=ray_pool(env, cfg.cluster))
+    return Collector(env, pool=ray_pool(env.spec, env.hosts, cfg.cluster))
 
 
 def save_ahead(checkpoint: Path, rank: int, batches) -> None:
