@@ -184,7 +184,7 @@ def test_a_failing_producer_stops_the_learner_with_its_reason():
 
 def test_stale_groups_are_dropped_and_counted():
     from gaca_agent.steps import Episode, Rollout, StepTable
-    from gaca_agent.training.iteration import drop_stale
+    from gaca_agent.training.producer import drop_stale
 
     table = StepTable.from_tokens([[1]] * 4, [[2]] * 4, [[-0.1]] * 4)
     table.columns["group"] = np.array([0, 0, 1, 2])
@@ -224,7 +224,7 @@ def test_staleness_metrics_over_two_ranks_are_those_of_their_union():
     from types import SimpleNamespace
 
     from gaca_agent.steps import StepTable
-    from gaca_agent.training.iteration import staleness_metrics
+    from gaca_agent.training.producer import staleness_metrics
 
     def table(versions, lengths):
         t = StepTable.from_tokens([[1]] * len(versions), [[2] * n for n in lengths],

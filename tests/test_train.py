@@ -270,12 +270,12 @@ def test_the_final_evaluation_reuses_the_last_iterations_evaluation(tmp_path, fr
     """The last iteration's held-out evaluation plays the final weights on the final
     evaluation's episodes: final_eval/ is written from it, not played a second time."""
     from gaca_agent.config import load_config
-    from gaca_agent.training import iteration
+    from gaca_agent.training import held_out
     from gaca_agent.training.loop import train
 
     played = []
-    init = iteration.HeldOut.__init__
-    monkeypatch.setattr(iteration.HeldOut, "__init__",
+    init = held_out.HeldOut.__init__
+    monkeypatch.setattr(held_out.HeldOut, "__init__",
                         lambda self, *a: (played.append(1), init(self, *a))[1])
     run = train(load_config(str(DEFAULT), [
         *SMALL, "iterations=2", "eval_every=1", "checkpoint_every=0", "env.eval_episodes=8",

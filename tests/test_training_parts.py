@@ -16,8 +16,8 @@ import pytest
 from gaca_agent.collect.collector import Collector
 from gaca_agent.config import EnvSection, load_config
 from gaca_agent.policies import make_policy
-from gaca_agent.training.iteration import (estimate, globalize, iteration_tasks,
-                                           rollout_metrics, rollout_sums)
+from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, rollout_metrics,
+                                       rollout_sums)
 
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")

@@ -21,13 +21,14 @@ from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_li
                                       warmup_progress)
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, resume_hint, save_checkpoint,
                                     write_atomic, write_rollouts)
-from gaca_agent.training.iteration import (HeldOut, episode_records, estimate,
-                                           globalize, held_out, iteration_tasks, rank_share,
-                                           reduce_sums, rollout_metrics, rollout_sums,
-                                           write_train_report)
-from gaca_agent.training.producer import Batch, Lockstep, Producer, Schedule
-from gaca_agent.training.setup import (load_adapter, load_ahead, make_collector, make_policies,
-                                       place_servers, resolve_model, save_ahead)
+from gaca_agent.training.build import (load_adapter, make_collector, make_policies, place_servers,
+                                       resolve_model)
+from gaca_agent.training.held_out import HeldOut, held_out
+from gaca_agent.training.producer import (Batch, Lockstep, Producer, Schedule, load_ahead,
+                                          save_ahead)
+from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, rank_share,
+                                       reduce_sums, rollout_metrics, rollout_sums)
+from gaca_agent.training.records import episode_records, write_train_report
 from gaca_agent.training.sync import WeightSync
 
 if TYPE_CHECKING:  # the heavy classes, for the Run's fields only

@@ -30,7 +30,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,6 @@ class Producer:
         """The rows the update trains on (task groups sampled more than K versions back
         dropped: the guard behind the schedule), and how many groups were dropped. The
         update is seeded here: the producer's thread does not seed torch."""
-        from gaca_agent.training.iteration import drop_stale
-
         seed(batch.iteration)
         dropped = drop_stale(batch.rollout, batch.iteration, self.k)
         return batch.rollout.training_table(), dropped
@@ -136,8 +137,6 @@ class Producer:
     def report(self, acc, table, iteration: int, dropped: int) -> dict[str, float]:
         """Staleness of the trained tokens, groups dropped and the learner's wait since
         the last report (for this batch, and for the producer before the sync)."""
-        from gaca_agent.training.iteration import staleness_metrics
-
         waited, self.reported_wait = self.waited - self.reported_wait, self.waited
         return staleness_metrics(acc, table, iteration, dropped, waited)
 
@@ -199,3 +198,65 @@ class Producer:
         with self._cv:
             self.stopping = True
             self._cv.notify_all()
+
+
+def drop_stale(rollout, iteration: int, staleness: int) -> int:
+    """Mark failed (so they are not trained on) the episodes of every task group with a
+    step sampled more than ``staleness`` versions before ``iteration``; how many groups.
+    (The producer's schedule never lets that happen; this is the guard behind it.)"""
+    table = rollout.table
+    old = table["policy_version"] < iteration - staleness
+    stale = set(table["group"][old & (table["policy_version"] >= 0)].tolist())
+    for ep in rollout.episodes:
+        if ep.group in stale and not ep.failed:
+            ep.failed, ep.error = True, (f"dropped: sampled more than {staleness} weight "
+                                         f"versions before update {iteration}")
+    if stale:
+        table.columns["failed"] = table["failed"] | np.isin(table["group"], list(stale))
+    return len(stale)
+
+
+def staleness_metrics(acc, table, iteration: int, dropped: int,
+                      waited_s: float) -> dict[str, float]:
+    """How many versions behind the learner the trained tokens were sampled (min, mean
+    over tokens, max; over every rank), task groups dropped, and the learner's wait."""
+    import torch
+
+    behind = iteration - table["policy_version"]
+    tokens = table["completion_ids"].lengths().astype(np.float64)
+    known = table["policy_version"] >= 0
+    values = [float((behind * tokens)[known].sum()), float(tokens[known].sum()),
+              float(dropped), waited_s]
+    low = float(behind[known].min()) if known.any() else float("inf")
+    high = float(behind[known].max()) if known.any() else float("-inf")
+    if acc.num_processes > 1:
+        t = torch.tensor(values, dtype=torch.float64, device=acc.device)
+        values = acc.reduce(t, reduction="sum").tolist()
+        ends = acc.gather(torch.tensor([[low, high]], dtype=torch.float64, device=acc.device))
+        low, high = float(ends[:, 0].min()), float(ends[:, 1].max())
+    weighted, n, dropped_all, waited = values
+    return {"async/stale_min": low if n else 0.0, "async/stale_max": high if n else 0.0,
+            "async/stale_mean": weighted / n if n else 0.0,
+            "async/dropped_groups": dropped_all,
+            "async/wait_s": waited / max(acc.num_processes, 1)}
+
+
+
+def save_ahead(checkpoint: Path, rank: int, batches) -> None:
+    """The batches a checkpoint keeps (collected ahead of the learner, asynchronous
+    training), this rank's share."""
+    import pickle
+
+    with open(checkpoint / f"ahead.rank{rank}.pkl", "wb") as f:
+        pickle.dump(list(batches), f)
+
+
+def load_ahead(checkpoint: Path, rank: int) -> list:
+    """The batches :func:`save_ahead` kept (none for a lock-step run's checkpoint)."""
+    import pickle
+
+    path = checkpoint / f"ahead.rank{rank}.pkl"
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        return pickle.load(f)

@@ -1,5 +1,6 @@
 """What a run is built from: the model path, the rollout policies (and the server engine
-when ``model.engine: server``), the collectors, a LoRA checkpoint's adapter."""
+when ``model.engine: server``), the inference servers Ray places, the collectors, a LoRA
+checkpoint's adapter."""
 
 from __future__ import annotations
 
@@ -95,23 +96,3 @@ def make_collector(cfg: TrainConfig, kwargs: dict):
     from gaca_agent.cluster.ray_pool import ray_pool
 
     return Collector(env, pool=ray_pool(env.spec, env.hosts, cfg.cluster))
-
-
-def save_ahead(checkpoint: Path, rank: int, batches) -> None:
-    """The batches a checkpoint keeps (collected ahead of the learner, asynchronous
-    training), this rank's share."""
-    import pickle
-
-    with open(checkpoint / f"ahead.rank{rank}.pkl", "wb") as f:
-        pickle.dump(list(batches), f)
-
-
-def load_ahead(checkpoint: Path, rank: int) -> list:
-    """The batches :func:`save_ahead` kept (none for a lock-step run's checkpoint)."""
-    import pickle
-
-    path = checkpoint / f"ahead.rank{rank}.pkl"
-    if not path.exists():
-        return []
-    with open(path, "rb") as f:
-        return pickle.load(f)
