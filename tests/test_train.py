@@ -285,3 +285,13 @@ def test_the_final_evaluation_reuses_the_last_iterations_evaluation(tmp_path, fr
     final = json.loads((run / "final_eval" / "results.json").read_text())
     assert final["n"] == 8 and final["success_rate"] == pytest.approx(last["eval/success"])
     assert final["mean_steps"] == pytest.approx(last["eval/length"])
+    # the evaluation before the first update is kept too, as gaca-eval writes one: the
+    # warm-up's gain is then compared pair by pair on the same episodes
+    from gaca_agent.analysis.paired import paired_line
+
+    start = json.loads((run / "warmup_eval" / "results.json").read_text())
+    assert start["n"] == 8 and start["success_rate"] == pytest.approx(
+        metrics(run)[-1]["eval/success"])
+    line = paired_line(run / "warmup_eval", run / "final_eval")
+    assert line is not None and "paired over the 8 episodes" in line
+    assert not (run / "zero_shot_eval").exists()  # warmup.eval_before is off

@@ -100,6 +100,12 @@ def test_a_run_warms_up_on_the_expert_and_evaluates_before_and_after(tmp_path):
     warm = next(r for r in rows if r["iteration"] == -1)
     assert warm["warmup/expert_success"] == 1.0
     assert warm["eval/success"] > warm["eval_before/success"] + 0.3
+    # both evaluations are kept as gaca-eval writes one, labelled by stage
+    for folder, key, label in (("zero_shot_eval", "eval_before/success", "zero-shot"),
+                               ("warmup_eval", "eval/success", "warmed-up")):
+        result = json.loads((run / folder / "results.json").read_text())
+        assert (result["n"], result["policy"]) == (16, label), folder
+        assert result["success_rate"] == warm[key], folder
 
 
 @pytest.mark.slow  # a JVM, ALFWorld's games and WebShop's index, one iteration each

@@ -9,8 +9,10 @@
 Writes ``runs/<name>/``: ``config.yaml`` (resolved), ``metrics.jsonl`` (one object per
 iteration), TensorBoard events, ``checkpoints/`` (atomic; ``latest`` names the newest),
 ``warmup/`` (the warmed-up model: the KL reference, a warm start), ``rollouts/`` (every
-iteration's episodes, unless ``keep_rollouts: false``), ``final/`` (model) and
-``final_eval/`` (results.json, episodes.jsonl, report.html), and learning-curve PNGs.
+iteration's episodes, unless ``keep_rollouts: false``), ``final/`` (model), the held-out
+evaluations as gaca-eval writes them (results.json, episodes.jsonl, report.html):
+``zero_shot_eval/`` (``warmup.eval_before``), ``warmup_eval/`` (before the first update)
+and ``final_eval/``, and learning-curve PNGs.
 
 With several processes each rank plays its share of the task groups and of the held-out
 episodes; only the scalar step columns are gathered (for the group statistics), each rank

@@ -3,6 +3,7 @@ played by the current weights, each rank its share, reduced to ``eval/*``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gaca_agent.config import TrainConfig
@@ -17,7 +18,7 @@ class HeldOut:
     def __init__(self, learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> None:
         from gaca_agent.eval.evaluate import EVAL_SEED, plan
 
-        self.acc = learner.accelerator
+        self.acc, self.cfg = learner.accelerator, cfg
         tasks = plan(cfg.env.eval_episodes, num_tasks, EVAL_SEED)
         self.mine = rank_share(len(tasks), self.acc)
         with learner.rollout_context():
@@ -35,7 +36,19 @@ class HeldOut:
         return records
 
 
-def held_out(learner, policy, collector, cfg: TrainConfig, num_tasks: int) -> dict[str, float]:
-    """Held-out success on the evaluation episodes (see :class:`HeldOut`)."""
-    return HeldOut(learner, policy, collector, cfg, num_tasks).metrics()
+    def write(self, out: Path, label: str) -> None:
+        """Every rank's episodes, written by the main process as gaca-eval writes an
+        evaluation (``config.json`` with the plan, ``episodes.jsonl``, ``results.json``,
+        ``report.html``): ``gaca-eval --compare`` pairs two of a run's evaluations, or one
+        with a gaca-eval run of the same plan. Every rank calls it."""
+        from accelerate.utils import gather_object
+
+        from gaca_agent.eval.evaluate import EVAL_SEED, Evaluation, write_evaluation
+
+        records = gather_object(self.records())
+        if self.acc.is_main_process:
+            env = self.cfg.env
+            meta = Evaluation(env.id, label, env.eval_episodes, dict(env.eval_kwargs),
+                              seed=EVAL_SEED).meta()
+            write_evaluation(out, {r["index"]: r for r in records}, meta, label, env.id)
 

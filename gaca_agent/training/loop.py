@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gaca_agent.config import TrainConfig, to_dict
-from gaca_agent.eval.evaluate import EVAL_SEED, num_tasks_of, plan
+from gaca_agent.eval.evaluate import num_tasks_of, plan
 from gaca_agent.runs.progress import (iteration_line, quiet_libraries, warmup_line,
                                       warmup_progress)
 from gaca_agent.runs.rundir import (MetricsLog, latest_checkpoint, resume_hint, save_checkpoint,
                                     write_atomic, write_rollouts)
 from gaca_agent.training.build import (load_adapter, make_collector, make_policies, place_servers,
                                        resolve_model)
-from gaca_agent.training.held_out import HeldOut, held_out
+from gaca_agent.training.held_out import HeldOut
 from gaca_agent.training.producer import (Batch, Lockstep, Producer, Schedule, load_ahead,
                                           save_ahead)
 from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, rank_share,
@@ -316,8 +316,10 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
     acc = learner.accelerator
     metrics: dict[str, Any] = {}
     if w.eval_before and cfg.eval_every:
-        before = held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
-        metrics.update({k.replace("eval/", "eval_before/"): v for k, v in before.items()})
+        before = HeldOut(learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
+        before.write(run_dir / "zero_shot_eval", "zero-shot")
+        metrics.update({k.replace("eval/", "eval_before/"): v
+                        for k, v in before.metrics().items()})
     if w.bc_steps > 0:
         tasks = plan(w.bc_episodes, n_train or None, 50_000) if w.source == "expert" else \
             [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
@@ -336,8 +338,10 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
         learner.save_model(run_dir / "warmup")  # the reference on resume; a warm start
     if sync is not None:
         metrics.update(sync(0))  # the server rolls out with the (warmed-up) adapter
-    if cfg.eval_every:
-        metrics.update(held_out(learner, run.eval_policy, run.evaluator, cfg, run.n_eval))
+    if cfg.eval_every:  # before the first update: after the warm-up, if any
+        start = HeldOut(learner, run.eval_policy, run.evaluator, cfg, run.n_eval)
+        start.write(run_dir / "warmup_eval", "warmed-up" if w.bc_steps > 0 else "start")
+        metrics.update(start.metrics())
     run.log.log(-1, metrics)
     if not bar_shown and acc.is_main_process:
         print(warmup_line(cfg.name, metrics), flush=True)
@@ -359,8 +363,6 @@ def _finish(run: Run) -> None:
     episodes; the main process writes ``final_eval/``)."""
     from accelerate.utils import gather_object
 
-    from gaca_agent.eval.evaluate import Evaluation, write_evaluation
-
     cfg, learner, run_dir, n_eval = run.cfg, run.learner, run.run_dir, run.n_eval
     acc = learner.accelerator
     learner.save(run_dir / "final")
@@ -369,14 +371,10 @@ def _finish(run: Run) -> None:
     digests = gather_object([param_digest({k: v for k, v in state.items() if k in trainable})])
     # the last iteration's evaluation when it played these weights, else played now
     evaluation = run.final_eval or HeldOut(learner, run.eval_policy, run.evaluator, cfg, n_eval)
-    records = gather_object(evaluation.records())
+    evaluation.write(run_dir / "final_eval", "trained")
     if acc.is_main_process:
         write_atomic(run_dir / "final" / "rank_digests.json", json.dumps(
             {"digests": digests, "in_sync": len(set(digests)) == 1}))
-        meta = Evaluation(cfg.env.id, "trained", cfg.env.eval_episodes,
-                          dict(cfg.env.eval_kwargs), seed=EVAL_SEED).meta()
-        write_evaluation(run_dir / "final_eval", {r["index"]: r for r in records}, meta,
-                         "trained", cfg.env.id)
         try:
             from gaca_agent.runs.plots import plot_run
 
