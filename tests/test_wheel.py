@@ -43,13 +43,21 @@ def installed(tmp_path_factory) -> Path:
     site = next((venv / "lib").glob("python*/site-packages"))
     # the test environment's packages (torch, transformers...), after the venv's own
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # without PYTHONPATH: a source tree on it (with its egg-info) would pass for gaca
+    # already installed, and pip would skip the wheel
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
-                    "install", "-q", "--no-deps", str(wheel)], check=True, cwd=base)
+                    "install", "-q", "--no-deps", str(wheel)], check=True, cwd=base,
+                   env=clean_env())
     return venv / "bin"
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without a source tree or venv on the path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = clean_env()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=1800)
