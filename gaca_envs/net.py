@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import random
 import socket
 
 
@@ -44,6 +45,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: Linux's default range of the ports the kernel hands out for a bind to port 0.
+EPHEMERAL = (32768, 60999)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel picks from for a bind to port 0 (Linux's setting, else its
+    default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return EPHEMERAL
+
+
+def rendezvous_port(draw=random.randrange) -> int:
+    """A port for a rendezvous that other processes connect to after it is chosen
+    (torch's store: ``MASTER_PORT``, a weight-broadcast group), free on every address now
+    and drawn below the kernel's port-0 range: a server that another process starts on
+    port 0 meanwhile (Ray starts several) cannot take it before the store binds it, as it
+    can a :func:`free_port` port (a rank then reached an HTTP server at the master port).
+    Falls back to :func:`free_port` when the range leaves no room below it."""
+    low = ephemeral_range()[0]
+    if low <= 11_000:
+        return free_port()
+    for _ in range(64):
+        port = draw(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
 
 
 def port_in_use(host: str, port: int) -> str | None:

@@ -56,6 +56,28 @@ def test_gpu_ids_are_strings_in_device_order():
     assert rank_envs(two, 1)[0]["CUDA_VISIBLE_DEVICES"] == "2,10"
 
 
+def test_the_master_port_is_free_and_outside_the_kernels_port_0_range():
+    """Rank 0's rendezvous port is drawn below the ports the kernel hands out for a bind to
+    port 0: between its choice and torch's bind, a server another process starts (Ray
+    starts several) cannot take it (a rank once reached an HTTP server there); a port in
+    use is drawn again."""
+    import socket
+
+    from gaca_envs.net import ephemeral_range, rendezvous_port
+
+    low = ephemeral_range()[0]
+    if low <= 11_000:
+        pytest.skip(f"this kernel's port-0 range starts at {low}: no room below it")
+    ports = [rendezvous_port() for _ in range(20)]
+    assert all(10_000 <= p < low for p in ports)
+    with socket.socket() as busy:
+        busy.bind(("", ports[0]))
+        busy.listen()
+        free = next(p for p in ports[1:] if p != ports[0])
+        draws = iter([ports[0], ports[0], free])
+        assert rendezvous_port(lambda a, b: next(draws)) == free
+
+
 def test_ranks_follow_nodes_then_devices():
     """Bundles come back in any order; ranks go by node address, node id, GPU id. Each
     node's ranks see that node's GPUs in local-rank order (device LOCAL_RANK is theirs)."""

@@ -85,9 +85,9 @@ class LearnerRank:
                      gpu_ids(ray.get_gpu_ids()))
 
     def port(self) -> int:
-        from gaca_envs.net import free_port
+        from gaca_envs.net import rendezvous_port
 
-        return free_port()
+        return rendezvous_port()
 
     def run(self, args: list[str], env: dict[str, str], cwd: str,
             config: str | None = None) -> int:

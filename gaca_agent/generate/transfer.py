@@ -151,9 +151,9 @@ class Broadcaster:
 
     def open(self) -> None:
         """Join a process group with the server (the server's rank 1, this rank 0)."""
-        from gaca_envs.net import free_port
+        from gaca_envs.net import rendezvous_port
 
-        port = self.port or free_port()
+        port = self.port or rendezvous_port()
         body = {"master_address": self.host, "master_port": port, "rank_offset": 1,
                 "world_size": 2, "group_name": self.group_name, "backend": self.backend}
         self.group = self._both(
@@ -219,10 +219,10 @@ class VLLMBroadcaster(Broadcaster):
     def open(self) -> None:
         from types import SimpleNamespace
 
-        from gaca_envs.net import free_port
+        from gaca_envs.net import rendezvous_port
 
         nccl_common, packed = self._vllm()
-        port = self.port or free_port()
+        port = self.port or rendezvous_port()
         rendezvous = SimpleNamespace(master_address=self.host, master_port=port, world_size=2)
         payload = nccl_common.build_worker_init_payload(
             rendezvous, packed=True, packed_buffer_size_bytes=self.bucket_bytes,
