@@ -72,9 +72,18 @@ def eval_row(folder: Path, policy: str | None = None) -> Row:
                res.get("format_invalid_rate"), temperature, str(folder))
 
 
+def model_name(path: str) -> str:
+    """A model as a row names it: a built-in name as is, a folder by its last two parts
+    (``cpu_lm_alfworld/warmup``), not this machine's absolute path."""
+    parts = Path(path).parts
+    return path if len(parts) < 2 else "/".join(parts[-2:])
+
+
 def train_rows(run: Path) -> list[Row]:
-    """The rows of a ``gaca-train`` run: zero-shot, after the warm-up, after RL (those it
-    has)."""
+    """The rows of a ``gaca-train`` run: zero-shot, after the warm-up (or, for a run that
+    starts from another's warm-up, before RL), after RL (those it has). A stage's own
+    evaluation folder (``zero_shot_eval/``, ``warmup_eval/``, ``final_eval/``) is read
+    where the run wrote one, else its metrics row."""
     import yaml
 
     from gaca_agent.runs.rundir import read_metrics
@@ -89,23 +98,24 @@ def train_rows(run: Path) -> list[Row]:
     rows = read_metrics(run)
     warm = next((r for r in rows if r.get("iteration") == -1), {})
     evals = [r for r in rows if r.get("iteration", -1) >= 0 and "eval/success" in r]
-    name = f"{model['path']} {{}} ({run.name})"
+    name = f"{model_name(str(model['path']))} {{}} ({run.name})"
+    warmed = bool(cfg.get("warmup", {}).get("bc_steps"))
+    last = evals[-1] if evals else {}
     found = []
-    final = run / "final_eval"
-    last = {} if (final / "results.json").is_file() else (evals[-1] if evals else {})
-    for label, prefix, row in (("zero-shot", "eval_before", warm),
-                               ("after warm-up", "eval", warm if cfg.get("warmup", {})
-                                .get("bc_steps") else {}),
-                               ("after RL", "eval", last)):
-        if f"{prefix}/success" in row:
+    for label, folder, prefix, row in (
+            ("zero-shot", "zero_shot_eval", "eval_before", warm),
+            ("after warm-up" if warmed else "before RL", "warmup_eval", "eval",
+             warm if warmed else {}),
+            ("after RL", "final_eval", "eval", last)):
+        if (run / folder / "results.json").is_file():  # the run's own record of it
+            found.append(replace(eval_row(run / folder, name.format(label)),
+                                 temperature=common["temperature"]))
+        elif f"{prefix}/success" in row:
             found.append(Row(policy=name.format(label),
                              successes=round(row[f"{prefix}/success"] * n),
                              score=float(row[f"{prefix}/score"]),
                              format_invalid=row.get(f"{prefix}/format_invalid"),
                              source=str(run), **common))
-    if (final / "results.json").is_file():  # the run's own record of its last evaluation
-        found.append(replace(eval_row(final, name.format("after RL")),
-                             temperature=common["temperature"]))
     return found
 
 
