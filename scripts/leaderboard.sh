@@ -29,6 +29,13 @@ for suite in alfworld webshop scienceworld; do
       --episodes 16 --seed 10000 --workers 1 --out "runs/leaderboard/$suite/smollm2" > /dev/null
   fi
 done
+# the two-task-type ALFWorld runs' protocol (docs/benchmarks.md): 32 episodes
+for policy in random expert; do
+  gaca-eval --env gaca/ALFWorld-v0 --env-kwargs split=valid_seen \
+    "task_types=[pick_and_place_simple, look_at_obj_in_light]" max_episode_steps=15 \
+    --policy "$policy" --episodes 32 --seed 10000 --workers 1 \
+    --out "runs/leaderboard/alfworld_two/$policy" > /dev/null
+done
 gaca-eval --leaderboard runs/leaderboard $(ls -d runs/cpu_lm_* 2>/dev/null) \
   --out docs/leaderboard.md > /dev/null
 echo "wrote docs/leaderboard.md"
