@@ -35,7 +35,6 @@ class HeldOut:
             record["index"] = self.mine[record["index"]]
         return records
 
-
     def write(self, out: Path, label: str) -> None:
         """Every rank's episodes, written by the main process as gaca-eval writes an
         evaluation (``config.json`` with the plan, ``episodes.jsonl``, ``results.json``,
@@ -51,4 +50,3 @@ class HeldOut:
             meta = Evaluation(env.id, label, env.eval_episodes, dict(env.eval_kwargs),
                               seed=EVAL_SEED).meta()
             write_evaluation(out, {r["index"]: r for r in records}, meta, label, env.id)
-
