@@ -65,8 +65,9 @@ def throughput(suite: str, episodes: int, repeats: int) -> dict:
     ray.init(address="local", num_cpus=2, object_store_memory=128 << 20,
              include_dashboard=False, log_to_driver=False)
     local = Collector(section(suite))
-    actors = Collector(section(suite), pool=ray_pool(section(suite).spec, section(suite).hosts,
-                                                     ClusterSection(backend="ray", env_actors=2)))
+    env = section(suite)
+    actors = Collector(env, pool=ray_pool(env.spec, env.hosts,
+                                          ClusterSection(backend="ray", env_actors=2)))
     out: dict = {"local": [], "ray": [], "steps": 0}
     try:
         for c in (local, actors):  # start the hosts, import the envs, warm their caches
@@ -107,8 +108,8 @@ def recovery(suite: str, episodes: int, repeats: int) -> dict:
         spec = ClusterSection(backend="ray", address=cluster.address, env_actors=2,
                               env_cpus=0.5, env_resources={"envhost": 1})
         try:
-            c = Collector(section(suite, rerun_lost=2),
-                          pool=ray_pool(section(suite).spec, section(suite).hosts, spec))
+            env = section(suite, rerun_lost=2)
+            c = Collector(env, pool=ray_pool(env.spec, env.hosts, spec))
             timed(c, tasks[:4])  # placed and warm
             clean.append(timed(c, tasks)[0])
             rounds = []

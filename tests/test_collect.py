@@ -252,7 +252,6 @@ def test_each_env_key_reaches_the_one_section_that_uses_it():
     assert seen == values
     run_keys = {"eval_kwargs", "eval_episodes", "groups", "group_size", "rerun_lost"}
     assert {f.name for f in fields(EnvSection)} == set(values) | run_keys
-    assert env.eval_spec == EnvSpec(CORRIDOR, {"split": "test"})
 
 
 def test_format_invalid_steps_and_success_reward():

@@ -153,11 +153,6 @@ class EnvSection:
         return EnvSpec(self.id, dict(self.kwargs))
 
     @property
-    def eval_spec(self) -> EnvSpec:
-        """The held-out env (``id``, ``eval_kwargs``)."""
-        return EnvSpec(self.id, dict(self.eval_kwargs))
-
-    @property
     def hosts(self) -> HostSettings:
         return HostSettings(self.workers, self.max_live_envs, tuple(self.servers),
                             self.recycle_after, self.timeout_s)
