@@ -201,6 +201,43 @@ def test_micro_batches_accumulate_to_the_same_update(tiny_model_path, agg):
     assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-4
 
 
+def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
+        tiny_model_path):
+    """Sparse rewards: with the PPO term alone, a row whose advantage is 0 has no gradient,
+    so the update does not forward it, and the parameters move exactly as when every row
+    is forwarded (as they are while entropy is logged). A mini-batch of such rows only
+    still takes its optimizer step (one padding pass)."""
+    import numpy as np
+
+    seen = {}
+    for name, kw in (("skip", {}), ("all", {"log_entropy": True})):
+        learner, tok = make_learner(tiny_model_path, kl_coef=0.0, micro_batch_size=2,
+                                    mini_batch_rows=4, **kw)
+        table, adv = samples(tok, n=8)
+        adv[[0, 1, 2, 3, 5]] = 0.0  # the first mini-batch's rows all 0
+        rows = []
+        forward = learner._logprobs
+
+        def counting(model, batch, *a, _f=forward, _rows=rows):
+            _rows.append(int((batch["mask"].sum(1) > 0).sum()))
+            return _f(model, batch, *a)
+
+        learner._logprobs = counting
+        grads = capture_grads(learner)
+        metrics = learner.update(table, adv)
+        seen[name] = (rows, grads, params(learner.unwrapped), metrics)
+    (rows_s, g_s, p_s, m_s), (rows_a, g_a, p_a, m_a) = seen["skip"], seen["all"]
+    assert sum(rows_s) == 3 and sum(rows_a) == 8
+    assert len(rows_s) == 3  # a padding pass for mini-batch 1, rows 4 | 6, 7 for mini-batch 2
+    assert m_s["train/skipped_rows_frac"] == pytest.approx(5 / 8)
+    assert m_a["train/skipped_rows_frac"] == 0.0
+    for key in ("train/tokens", "train/opt_steps", "losses/clip_frac", "losses/policy"):
+        assert m_s[key] == pytest.approx(m_a[key], rel=1e-5, abs=1e-9), key
+    assert set(g_s) == set(g_a)
+    assert all(torch.allclose(g_s[k], g_a[k], rtol=1e-4, atol=1e-7) for k in g_a)
+    assert max(float((p_s[k] - p_a[k]).abs().max()) for k in p_a) < 1e-4
+
+
 def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tiny_model_path):
     pytest.importorskip("peft")
     learner, tok = make_learner(tiny_model_path, lora_r=4, lora_targets=("q_proj", "v_proj"))

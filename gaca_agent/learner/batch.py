@@ -28,6 +28,17 @@ def sampled_rows(table) -> np.ndarray:
     return np.flatnonzero(table["completion_ids"].lengths() > 0)
 
 
+def rows_with_gradient(table, rows: np.ndarray, policy_loss_only: bool) -> np.ndarray:
+    """The rows of ``rows`` whose loss has a gradient. With the PPO term alone
+    (``policy_loss_only``: no KL or entropy term, entropy not logged) a row whose advantage
+    is 0 adds exactly 0 to the loss and its gradient, and is never clipped: it need not be
+    forwarded, as long as the loss's denominator still counts its tokens. Sparse rewards
+    make most rows such rows (groups whose episodes all scored the same)."""
+    if not policy_loss_only:
+        return rows
+    return rows[np.asarray(table["advantage"])[rows] != 0]
+
+
 def pad_batch(table, rows: np.ndarray, pad_id: int, device) -> dict[str, torch.Tensor]:
     """Right-padded inputs and, for the completion tokens, their ids, old log-probs, mask
     (0 on padding and on padding rows) and the positions of the hidden states that

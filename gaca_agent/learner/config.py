@@ -108,6 +108,11 @@ class LearnerConfig:
             raise ValueError("kl_coef, entropy_coef, lora_r and warmup_steps must be >= 0")
 
     @property
+    def policy_loss_only(self) -> bool:
+        """The loss is the PPO term alone (rows with advantage 0 have no gradient)."""
+        return self.kl_coef == 0 and self.entropy_coef == 0 and not self.log_entropy
+
+    @property
     def scoring_temperature(self) -> float:
         """The temperature log-probs are computed at (:attr:`temperature`, 1 when unset
         or greedy)."""

@@ -20,6 +20,8 @@ At scale (1.5B-7B) it is correct by construction:
 - **Rank-symmetric**: every rank runs the same number of mini-batches, micro-batches,
   forward and backward calls (a rank with fewer rows pads with zero-weight micro-batches),
   so DDP and FSDP collectives never wait on a rank that has stopped.
+- **Sparse rows skipped exactly**: with the PPO term alone, a row whose advantage is 0
+  has no gradient and is not forwarded (:func:`~gaca_agent.learner.batch.rows_with_gradient`).
 - **Reference**: a frozen copy of the policy (the warmed-up one, :meth:`set_reference`),
   sharded like the policy under ``fsdp``; under LoRA the adapter-free base.
 - **Old log-probs**: ``rollout`` (the engine's sampled log-probs) or ``recompute`` (a
@@ -42,8 +44,8 @@ import torch
 
 from gaca_agent.learner.accelerator import check_precision, make_accelerator
 from gaca_agent.learner.logprobs import forward_token_logprobs
-from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, sampled_rows, split_even,
-                                      with_advantages)
+from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, rows_with_gradient,
+                                      sampled_rows, split_even, with_advantages)
 from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
 from gaca_agent.learner.fsdp import clip_grad_norm, full_state, shard
@@ -224,6 +226,8 @@ class Learner:
                "losses/kl": s["kl"] / tokens, "losses/clip_frac": s["clip"] / tokens,
                "losses/grad_norm": s["grad_norm"] / max(s["opt_steps"], 1.0),
                "train/tokens": s["tokens"], "train/opt_steps": s["opt_steps"],
+               # rows with advantage 0 and no other loss term: not forwarded (no gradient)
+               "train/skipped_rows_frac": s["skipped"] / max(s["rows"], 1.0),
                "train/lr": self.scheduler.get_last_lr()[0]}
         if cfg.entropy_coef > 0 or cfg.log_entropy:
             out["losses/entropy"] = s["entropy"] / tokens
@@ -278,7 +282,13 @@ class Learner:
         counts = self._global_sum([local_tokens, float(len(mini))])
         denom = float(counts[0] if cfg.loss_agg == "token-mean" else counts[1])
         denom = max(denom, 1.0) / acc.num_processes  # gradients are averaged over ranks
-        chunks = self._micro(mini)
+        live = rows_with_gradient(data, mini, cfg.policy_loss_only)
+        # every rank runs the same number of passes; one padding pass when no row is live
+        # anywhere, so the optimizer steps on zero gradients exactly as it would unskipped
+        chunks = self._micro(live) or [np.asarray([PAD])]
+        sums["tokens"] = sums.get("tokens", 0.0) + local_tokens
+        sums["skipped"] = sums.get("skipped", 0.0) + float(len(mini) - len(live))
+        sums["rows"] = sums.get("rows", 0.0) + float(len(mini))
         self.optimizer.zero_grad(set_to_none=True)
         for k, chunk in enumerate(chunks):
             last = k == len(chunks) - 1
@@ -314,7 +324,6 @@ class Learner:
         self.accelerator.backward(loss)
         sums["policy"] = sums.get("policy", 0.0) + policy_part
         sums["clip"] = sums.get("clip", 0.0) + float(clip_frac) * n_tok
-        sums["tokens"] = sums.get("tokens", 0.0) + n_tok
 
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -386,4 +395,5 @@ class Learner:
         set_rng_state(state["rng"])
 
 
-_SUM_KEYS = ("policy", "kl", "clip", "entropy", "tokens", "opt_steps", "grad_norm")
+_SUM_KEYS = ("policy", "kl", "clip", "entropy", "tokens", "opt_steps", "grad_norm", "skipped",
+             "rows")
