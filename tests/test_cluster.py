@@ -494,3 +494,85 @@ def test_a_server_that_exits_or_never_answers_is_one_line_without_its_key(tmp_pa
     from conftest import gone_within
 
     assert gone_within([int(silent.read_text())], 60), "the silent server was left running"
+
+
+HEALTH_SERVER = """
+import http.server, os, sys
+host, port, flag, seen = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if os.path.exists(flag):
+    print('told to fail'); sys.exit(3)
+open(os.path.join(seen, str(port)), 'w').write(str(os.getpid()))
+key = 'Bearer ' + os.environ['GACA_SERVE_API_KEY']
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == '/health' and self.headers.get('Authorization') == key
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((host, port), Health).serve_forever()
+"""
+
+
+def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(tmp_path):
+    """Fleet (the run's inference servers, each in a Ray actor; a small /health server
+    here, no model): started with the run's key in their environment; a server replaced
+    gets a new actor and URL, reported once by ready() (a second replace of the same one
+    starts nothing), and the old process ends with its actor; a replacement that fails
+    is reported with its own words and started again by the next replace; close() ends
+    every server."""
+    import sys
+    from urllib.parse import urlsplit
+
+    import ray
+
+    from conftest import gone_within
+    from gaca_agent.cluster.servers import Fleet
+
+    script, flag, seen = tmp_path / "health.py", tmp_path / "fail", tmp_path / "seen"
+    script.write_text(HEALTH_SERVER)
+    seen.mkdir()
+
+    def pid(url):
+        return int((seen / str(urlsplit(url).port)).read_text())
+
+    ray.init(address="local", num_cpus=2, object_store_memory=80 << 20,
+             include_dashboard=False, log_to_driver=False)
+    fleet = None
+    try:
+        spec = ClusterSection(backend="ray", servers=2, server_cpus=0.25,
+                              server_start_timeout_s=120, server_command=(
+                                  f"{sys.executable} {script} {{host}} {{port}} {flag} {seen}"))
+        fleet = Fleet(spec, {"model": "/m", "name": "tiny"})
+        first = list(fleet.urls)
+        assert len(set(first)) == 2
+        host = ray.util.get_node_ip_address()
+        assert all(u.startswith(f"http://{host}:") and u.endswith("/v1") for u in first)
+        fleet.replace([0])
+        starting = fleet.actors[0]
+        fleet.replace([0])  # already being replaced: nothing new
+        assert fleet.actors[0] is starting and list(fleet.starting) == [0]
+        assert fleet.ready(0.0) == ({}, {})  # not up yet
+        up, failed = fleet.ready(300)
+        assert failed == {} and list(up) == [0]
+        assert up[0] == fleet.urls[0] not in first and fleet.urls[1] == first[1]
+        assert fleet.starting == {} and fleet.ready(0.0) == ({}, {})
+        assert gone_within([pid(first[0])], 60), "the replaced server was left running"
+        flag.touch()
+        fleet.replace([1])
+        up, failed = fleet.ready(300)
+        assert up == {} and list(failed) == [1]
+        assert "did not become healthy" in failed[1] and "told to fail" in failed[1]
+        assert fleet.urls[1] == first[1]  # kept until a replacement is up
+        flag.unlink()
+        fleet.replace([1])
+        up, failed = fleet.ready(300)
+        assert failed == {} and list(up) == [1] and up[1] not in first
+        live = [pid(u) for u in fleet.urls]
+        fleet.close()
+        assert fleet.actors == []
+        assert gone_within(live, 60), "close() left a server running"
+    finally:
+        if fleet is not None:
+            fleet.close()
+        ray.shutdown()

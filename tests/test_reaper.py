@@ -52,6 +52,17 @@ def test_a_dead_actors_server_and_its_workers_end(tmp_path):
     assert gone_within([server, worker], 60), "the server's worker outlived its actor"
 
 
+def test_a_server_ends_when_ray_kills_its_actors_children_at_once(tmp_path):
+    """Ray SIGKILLs an actor's direct children when its worker exits
+    (RAY_kill_child_processes_on_worker_exit): the process the actor started gets no
+    chance to act, and the server and its worker still end."""
+    actor, server, worker = start_actor(tmp_path, "wait")
+    actor.send_signal(signal.SIGKILL)
+    os.kill(server, signal.SIGKILL)
+    actor.wait()
+    assert gone_within([worker], 60), "the server's worker outlived its actor's children"
+
+
 def test_stopping_a_server_ends_its_workers_too(tmp_path):
     actor, server, worker = start_actor(tmp_path, "stop")
     try:

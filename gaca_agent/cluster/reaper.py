@@ -2,12 +2,15 @@
 that one starts in turn, ended with the actor: ``python -m gaca_agent.cluster.reaper
 PARENT_PID -- COMMAND...``.
 
-The reaper leads a process group of its own (the actor starts it with
-``start_new_session``, which needs no Python code between fork and exec: safe in Ray's
-threaded worker). It asks the kernel for SIGTERM when its parent (the actor) dies, runs
-COMMAND in its group, and when its parent dies, or it is told to stop, it ends the whole
-group: a vLLM server's own worker processes too, not only the direct child. It exits
-with COMMAND's exit code.
+The process the actor starts leads a process group of its own (``start_new_session``,
+which needs no Python code between fork and exec: safe in Ray's threaded worker). It is
+only an anchor: it forks the reaper and waits for it. Ray SIGKILLs an actor's direct
+children when the actor's worker exits (``RAY_kill_child_processes_on_worker_exit``, on
+by default), which gives a process no chance to act, and that is the anchor, not the
+reaper. The kernel SIGKILLs the anchor when the actor dies, and SIGTERMs the reaper when
+the anchor dies. The reaper runs COMMAND in the group, and when the anchor dies, or it
+is told to stop, it ends the whole group (a vLLM server's own worker processes too, not
+only the direct child), the anchor last. The anchor exits with COMMAND's exit code.
 """
 
 from __future__ import annotations
@@ -56,14 +59,27 @@ def _end_group(child: subprocess.Popen) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)  # the rest, and this process last
 
 
-def main(argv: list[str]) -> int:
+def _die_with_parent(parent: int, sig: int) -> bool:
+    """Ask the kernel for ``sig`` when this process's parent dies; False if ``parent``
+    is not (or no longer) the parent."""
     import ctypes
 
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    return os.getppid() == parent  # else it died before the line above
+
+
+def main(argv: list[str]) -> int:
     parent, command = int(argv[0]), argv[argv.index("--") + 1:]
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if not _die_with_parent(parent, signal.SIGKILL):
+        return 1
+    anchor = os.getpid()
+    reaper = os.fork()
+    if reaper:  # the anchor: ends with the actor, or last, by the reaper's SIGKILL
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return os.waitstatus_to_exitcode(os.waitpid(reaper, 0)[1])  # COMMAND's
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    if os.getppid() != parent:  # the parent died before the line above
+    if not _die_with_parent(anchor, signal.SIGTERM):
         return 1
     child = subprocess.Popen(command)
     while child.poll() is None:
