@@ -357,3 +357,70 @@ def test_a_rank_runs_its_command_with_its_variables_its_config_and_its_exit_code
     assert code == 4
     assert json.loads(seen.read_text()) == {"rank": "1", "ray": address, "cwd": str(tmp_path),
                                             "config": "iterations: 3\n"}
+
+
+RANK_SEES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+             "MASTER_PORT", "GACA_PASSED", "UNPASSED_VAR")
+
+
+@needs_ray
+def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
+        tmp_path, monkeypatch):
+    """run_ranks on a Ray started here, with commands in place of gaca-train: each rank's
+    process gets torchrun's variables (rank 0's address and port) and the launcher's
+    GACA_ variables, not its other ones; a line per rank says where it runs. A rank that
+    exits 3 stops the run in one line naming it, and the other rank's process ends; a
+    rank whose actor is lost is said as such, and its process ends too."""
+    import ray
+
+    from conftest import gone_within
+    from gaca_agent.cluster.learners import RankLost, run_ranks
+    from gaca_agent.cluster.ray_pool import connect
+
+    cluster = ClusterSection(backend="ray", object_store_mb=80, learners=2,
+                             learner_cpus=0.5, learner_start_timeout_s=600)
+    connect(cluster)
+    try:
+        monkeypatch.setenv("GACA_PASSED", "yes")  # after the Ray's start: not its nodes'
+        monkeypatch.setenv("UNPASSED_VAR", "no")
+        lines = []
+        run_ranks(cluster, ["-c", "import json, os; json.dump({k: os.environ.get(k) for k "
+                            f"in {RANK_SEES!r}}}, open(os.environ['RANK'] + '.json', 'w'))"],
+                  cwd=str(tmp_path), on_placed=lines.append)
+        seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+        port = seen[0]["MASTER_PORT"]
+        assert port.isdigit() and seen[1]["MASTER_PORT"] == port
+        for rank, env in enumerate(seen):
+            assert env == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": port, "GACA_PASSED": "yes", "UNPASSED_VAR": None}
+        node = ray.get_runtime_context().get_node_id()
+        assert lines == [f"learner rank {r}: node 127.0.0.1 ({node}), GPUs []" for r in (0, 1)]
+
+        # rank 1 exits 3 once rank 0's process is up; rank 0 would sleep for 10 minutes
+        fails = ("import os, sys, time; open(os.environ['RANK'] + '.pid', 'w').write("
+                 "str(os.getpid()))\nif os.environ['RANK'] == '1':\n"
+                 "    while not os.path.exists('0.pid'): time.sleep(0.1)\n"
+                 "    sys.exit(3)\ntime.sleep(600)")
+        with pytest.raises(RankLost, match=r"^learner rank 1 on 127\.0\.0\.1 exited with "
+                                           r"code 3 \(its own error is above\)$"):
+            run_ranks(cluster, ["-c", fails], cwd=str(tmp_path), on_placed=lambda _: None)
+        assert gone_within([int((tmp_path / "0.pid").read_text())], 60), \
+            "the other rank's process outlived the run"
+
+        # rank 0 kills its own actor (the reaper's parent's parent) once rank 1 is up
+        for f in tmp_path.glob("*.pid"):
+            f.unlink()
+        lost = ("import os, signal, time; open(os.environ['RANK'] + '.pid', 'w').write("
+                "str(os.getpid()))\nif os.environ['RANK'] == '0':\n"
+                "    while not os.path.exists('1.pid'): time.sleep(0.1)\n"
+                "    stat = lambda p: open(f'/proc/{p}/stat').read().rsplit(')', 1)[1]\n"
+                "    actor = int(stat(int(stat(os.getppid()).split()[1])).split()[1])\n"
+                "    os.kill(actor, signal.SIGKILL)\ntime.sleep(600)")
+        with pytest.raises(RankLost, match=r"^learner rank 0 on 127\.0\.0\.1 was lost with "
+                                           r"its actor, process or node \("):
+            run_ranks(cluster, ["-c", lost], cwd=str(tmp_path), on_placed=lambda _: None)
+        pids = [int((tmp_path / f"{r}.pid").read_text()) for r in (0, 1)]
+        assert gone_within(pids, 60), "a rank's process outlived its lost actor"
+    finally:
+        ray.shutdown()
