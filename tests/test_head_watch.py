@@ -52,6 +52,29 @@ def test_a_process_that_left_ray_itself_says_nothing():
     assert not lines
 
 
+@pytest.mark.skipif(not has_module("ray"), reason="needs Ray (pip install -e '.[ray]')")
+def test_a_run_watches_its_own_rays_head_and_none_without_one():
+    """watch_head: None before ray.init; after, a watch on this process's GCS address,
+    which answers, and which stops watching once this process leaves Ray."""
+    import ray
+
+    from gaca_agent.cluster.head import watch_head
+    from gaca_agent.cluster.ray_pool import connect
+    from gaca_agent.config import ClusterSection
+
+    assert watch_head(print) is None
+    connect(ClusterSection(backend="ray", object_store_mb=80))
+    try:
+        watch = watch_head(print, every_s=0.05, grace_s=60)
+        assert watch is not None and watch.address == ray.get_runtime_context().gcs_address
+        assert watch.answers() and watch.active()
+    finally:
+        ray.shutdown()
+    assert not watch.active()
+    watch._thread.join(60)
+    assert not watch._thread.is_alive()
+
+
 # A driver of a two-node simulated cluster whose run has a checkpoint: the head's GCS is
 # killed, and the line gaca-train's watch prints comes before Ray ends the process.
 DRIVER = """
