@@ -576,3 +576,47 @@ def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(t
         if fleet is not None:
             fleet.close()
         ray.shutdown()
+
+
+def test_stalled_env_actors_are_replaced_within_one_deadline_and_only_their_slots_fail():
+    """RayPool on a Ray started here (the collect tests' probe env): an actor whose env
+    stops answering fails its slot after env.timeout_s and is replaced by a new actor,
+    while the other actor's slot plays on; two stalled in one call share one deadline."""
+    import os
+    from pathlib import Path
+
+    import ray
+
+    from gaca_agent.cluster.ray_pool import RayPool
+    from gaca_agent.collect.workers import WorkerFailure
+
+    tests = str(Path(__file__).resolve().parent)
+    ray.init(address="local", num_cpus=2, object_store_memory=80 << 20,
+             include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 [tests, os.environ.get("PYTHONPATH", "")])}})
+    pool = RayPool("collect_probe:gaca-test/Stall-v0", None, 2, 2,
+                   ClusterSection(backend="ray", env_cpus=0.5, object_store_mb=80),
+                   timeout_s=10)
+    try:
+        pool.call("reset", [(0, (0, None)), (1, (0, None))])
+        before = pool.pids()
+        assert len(set(before)) == 2 and os.getpid() not in before
+        out = pool.call("step", [(0, "stall"), (1, "finish")])
+        assert isinstance(out[0], WorkerFailure) and out[1][1] == 1.0 and out[1][2] is True
+        assert pool.restarts == 1
+        after = pool.pids()
+        assert after[0] != before[0] and after[1] == before[1]
+        pool.call("reset", [(0, (0, None)), (1, (0, None))])
+        waits = []
+        receive = pool._receive
+        pool._receive = lambda w, t: (waits.append(t), receive(w, t))[1]
+        both = pool.call("step", [(0, "stall"), (1, "stall")])
+        assert set(both) == {0, 1} and all(isinstance(f, WorkerFailure) for f in both.values())
+        assert 3 < waits[0] <= 10 and waits[1] < 3  # one deadline for the call
+        assert pool.restarts == 3
+        assert set(pool.nodes()) == {ray.get_runtime_context().get_node_id()}
+    finally:
+        pool.close()
+        ray.shutdown()
+    assert pool._actors == [None, None]
