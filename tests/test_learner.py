@@ -201,18 +201,20 @@ def test_micro_batches_accumulate_to_the_same_update(tiny_model_path, agg):
     assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-4
 
 
+@pytest.mark.parametrize("old, passes", [("rollout", 0), ("recompute", 1)])
 def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
-        tiny_model_path):
+        tiny_model_path, old, passes):
     """Sparse rewards: with the PPO term alone, a row whose advantage is 0 has no gradient,
-    so the update does not forward it, and the parameters move exactly as when every row
-    is forwarded (as they are while entropy is logged). A mini-batch of such rows only
-    still takes its optimizer step (one padding pass)."""
+    so the update does not forward it (nor recompute its old log-probs), and the
+    parameters move exactly as when every row is forwarded (as they are while entropy is
+    logged). A mini-batch of such rows only still takes its optimizer step (one padding
+    pass)."""
     import numpy as np
 
     seen = {}
     for name, kw in (("skip", {}), ("all", {"log_entropy": True})):
         learner, tok = make_learner(tiny_model_path, kl_coef=0.0, micro_batch_size=2,
-                                    mini_batch_rows=4, **kw)
+                                    mini_batch_rows=4, old_logprobs=old, **kw)
         table, adv = samples(tok, n=8)
         adv[[0, 1, 2, 3, 5]] = 0.0  # the first mini-batch's rows all 0
         rows = []
@@ -227,8 +229,9 @@ def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
         metrics = learner.update(table, adv)
         seen[name] = (rows, grads, params(learner.unwrapped), metrics)
     (rows_s, g_s, p_s, m_s), (rows_a, g_a, p_a, m_a) = seen["skip"], seen["all"]
-    assert sum(rows_s) == 3 and sum(rows_a) == 8
-    assert len(rows_s) == 3  # a padding pass for mini-batch 1, rows 4 | 6, 7 for mini-batch 2
+    assert sum(rows_s) == 3 * (1 + passes) and sum(rows_a) == 8 * (1 + passes)
+    # a padding pass for mini-batch 1, rows 4 | 6, 7 for mini-batch 2 (and 4, 6 | 7 before)
+    assert len(rows_s) == 3 + 2 * passes
     assert m_s["train/skipped_rows_frac"] == pytest.approx(5 / 8)
     assert m_a["train/skipped_rows_frac"] == 0.0
     for key in ("train/tokens", "train/opt_steps", "losses/clip_frac", "losses/policy"):

@@ -20,8 +20,8 @@ At scale (1.5B-7B) it is correct by construction:
 - **Rank-symmetric**: every rank runs the same number of mini-batches, micro-batches,
   forward and backward calls (a rank with fewer rows pads with zero-weight micro-batches),
   so DDP and FSDP collectives never wait on a rank that has stopped.
-- **Sparse rows skipped exactly**: with the PPO term alone, a row whose advantage is 0
-  has no gradient and is not forwarded (:func:`~gaca_agent.learner.batch.rows_with_gradient`).
+- **Sparse rows skipped exactly**: with the PPO term alone, a row of advantage 0 (no
+  gradient) is neither forwarded nor recomputed (:func:`.batch.rows_with_gradient`).
 - **Reference**: a frozen copy of the policy (the warmed-up one, :meth:`set_reference`),
   sharded like the policy under ``fsdp``; under LoRA the adapter-free base.
 - **Old log-probs**: ``rollout`` (the engine's sampled log-probs) or ``recompute`` (a
@@ -205,8 +205,9 @@ class Learner:
         gap = 0.0
         ratio = {"ratio_sum": 0.0, "ratio_max": 0.0, "ratio_n": 0.0, "truncated": 0.0,
                  "masked": 0.0}
-        if cfg.old_logprobs == "recompute":
-            data, gap, ratio = self._recompute_old(data, rows)
+        if cfg.old_logprobs == "recompute":  # for the rows the loss has a gradient from
+            data, gap, ratio = self._recompute_old(
+                data, rows_with_gradient(data, rows, cfg.policy_loss_only))
         self.model.train()
         sums: dict[str, float] = {}
         n_mini = self._n_mini(len(rows))
@@ -231,9 +232,9 @@ class Learner:
                "train/lr": self.scheduler.get_last_lr()[0]}
         if cfg.entropy_coef > 0 or cfg.log_entropy:
             out["losses/entropy"] = s["entropy"] / tokens
-        if cfg.old_logprobs == "recompute":
+        if cfg.old_logprobs == "recompute" and s["ratio_n"] > 0:
             # mean |recomputed - sampled| log-prob over the tokens the engine gave one
-            # for: the rollout/learner mismatch
+            # for (of the rows trained on): the rollout/learner mismatch
             out["train/rollout_logprob_gap"] = s["gap"] / max(s["ratio_n"], 1.0)
             # pi_learner_old / pi_rollout per token (before truncation or masking)
             out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
