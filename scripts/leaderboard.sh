@@ -22,10 +22,12 @@ for suite in alfworld webshop scienceworld; do
     gaca-eval ${PROTOCOL[$suite]} --policy "$policy" --episodes 16 --seed 10000 \
       --workers 1 --out "runs/leaderboard/$suite/$policy" > /dev/null
   done
-  # SmolLM2 zero-shot, with the CPU configs' response budget (minutes on 2 cores)
+  # SmolLM2 zero-shot as the CPU runs evaluate (bf16, temperature 0.4) with their
+  # response budget (minutes on 2 cores)
   if [ "${GACA_LEADERBOARD_MODELS:-1}" = 1 ]; then
     # shellcheck disable=SC2086
-    gaca-eval ${PROTOCOL[$suite]} --policy smollm2 --policy-kwargs max_new_tokens=32 \
+    gaca-eval ${PROTOCOL[$suite]} --policy smollm2 \
+      --policy-kwargs max_new_tokens=24 dtype=bfloat16 temperature=0.4 \
       --episodes 16 --seed 10000 --workers 1 --out "runs/leaderboard/$suite/smollm2" > /dev/null
   fi
 done
