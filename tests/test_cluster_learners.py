@@ -384,10 +384,12 @@ def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
         monkeypatch.setenv("GACA_PASSED", "yes")  # after the Ray's start: not its nodes'
         monkeypatch.setenv("UNPASSED_VAR", "no")
         lines = []
-        run_ranks(cluster, ["-c", "import json, os; json.dump({k: os.environ.get(k) for k "
-                            f"in {RANK_SEES!r}}}, open(os.environ['RANK'] + '.json', 'w'))"],
-                  cwd=str(tmp_path), on_placed=lines.append)
+        run_ranks(cluster, ["-c", "import json, os, sys; json.dump({k: os.environ.get(k) "
+                            f"for k in {RANK_SEES!r}}} | {{'config': open(sys.argv[1]).read()}}, "
+                            "open(os.environ['RANK'] + '.json', 'w'))", "{config}"],
+                  cwd=str(tmp_path), config="iterations: 2\n", on_placed=lines.append)
         seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+        assert [env.pop("config") for env in seen] == ["iterations: 2\n"] * 2
         port = seen[0]["MASTER_PORT"]
         assert port.isdigit() and seen[1]["MASTER_PORT"] == port
         for rank, env in enumerate(seen):
@@ -418,7 +420,7 @@ def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
                 "    actor = int(stat(int(stat(os.getppid()).split()[1])).split()[1])\n"
                 "    os.kill(actor, signal.SIGKILL)\ntime.sleep(600)")
         with pytest.raises(RankLost, match=r"^learner rank 0 on 127\.0\.0\.1 was lost with "
-                                           r"its actor, process or node \("):
+                                           r"its actor, process or node \(.*[Aa]ctor.*\)$"):
             run_ranks(cluster, ["-c", lost], cwd=str(tmp_path), on_placed=lambda _: None)
         pids = [int((tmp_path / f"{r}.pid").read_text()) for r in (0, 1)]
         assert gone_within(pids, 60), "a rank's process outlived its lost actor"
