@@ -122,8 +122,9 @@ def test_two_evaluations_of_the_same_episodes_are_compared_pair_by_pair(tmp_path
 
 def test_a_run_from_another_runs_warm_up_rows_its_own_evaluation_folders(tmp_path):
     """A run started from another's ``warmup/`` (``warmup.bc_steps: 0``) rows its start as
-    "before RL" from its ``warmup_eval/`` folder, and names the model by its folder's last
-    two parts, not the machine's absolute path."""
+    "before RL" from its ``warmup_eval/`` folder (its ``eval_before``, the same model, is
+    not rowed again as zero-shot), and names the model by its folder's last two parts,
+    not the machine's absolute path."""
     from gaca_agent.eval.leaderboard import collect
 
     run = fake_run(tmp_path, name="from_warm")
@@ -137,8 +138,7 @@ def test_a_run_from_another_runs_warm_up_rows_its_own_evaluation_folders(tmp_pat
     (start / "results.json").write_text(json.dumps(
         {"n": 8, "success_rate": 0.375, "mean_score": 0.375, "format_invalid_rate": 0.0}))
     rows = {r.policy: r for r in collect([run])}
-    assert set(rows) == {"first/warmup zero-shot (from_warm)",
-                         "first/warmup before RL (from_warm)",
+    assert set(rows) == {"first/warmup before RL (from_warm)",
                          "first/warmup after RL (from_warm)"}
     before = rows["first/warmup before RL (from_warm)"]
     assert (before.successes, before.temperature, before.source) == (3, 0.4, str(start))

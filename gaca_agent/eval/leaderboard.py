@@ -81,7 +81,7 @@ def model_name(path: str) -> str:
 
 def train_rows(run: Path) -> list[Row]:
     """The rows of a ``gaca-train`` run: zero-shot, after the warm-up (or, for a run that
-    starts from another's warm-up, before RL), after RL (those it has). A stage's own
+    starts from another's warm-up, only before RL), after RL (those it has). A stage's own
     evaluation folder (``zero_shot_eval/``, ``warmup_eval/``, ``final_eval/``) is read
     where the run wrote one, else its metrics row."""
     import yaml
@@ -103,7 +103,8 @@ def train_rows(run: Path) -> list[Row]:
     last = evals[-1] if evals else {}
     found = []
     for label, folder, prefix, row in (
-            ("zero-shot", "zero_shot_eval", "eval_before", warm),
+            # without a warm-up, the model before it is the one before RL: rowed once
+            *((("zero-shot", "zero_shot_eval", "eval_before", warm),) if warmed else ()),
             ("after warm-up" if warmed else "before RL", "warmup_eval", "eval",
              warm if warmed else {}),
             ("after RL", "final_eval", "eval", last)):
