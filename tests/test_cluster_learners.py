@@ -363,6 +363,18 @@ RANK_SEES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
              "MASTER_PORT", "GACA_PASSED", "UNPASSED_VAR")
 
 
+def rank_script(acting: int, then: str) -> str:
+    """A rank's ``python -c`` program: it writes its pid to RANK.pid; rank ``acting``
+    waits for the other rank's pid file and runs ``then``; then every rank sleeps for 10
+    minutes (until it is stopped)."""
+    body = "".join(f"    {line}\n" for line in then.splitlines())
+    return ("import os, signal, sys, time\n"
+            "open(os.environ['RANK'] + '.pid', 'w').write(str(os.getpid()))\n"
+            f"if os.environ['RANK'] == '{acting}':\n"
+            f"    while not os.path.exists('{1 - acting}.pid'): time.sleep(0.1)\n"
+            f"{body}time.sleep(600)")
+
+
 @needs_ray
 def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
         tmp_path, monkeypatch):
@@ -400,10 +412,7 @@ def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
         assert lines == [f"learner rank {r}: node 127.0.0.1 ({node}), GPUs []" for r in (0, 1)]
 
         # rank 1 exits 3 once rank 0's process is up; rank 0 would sleep for 10 minutes
-        fails = ("import os, sys, time; open(os.environ['RANK'] + '.pid', 'w').write("
-                 "str(os.getpid()))\nif os.environ['RANK'] == '1':\n"
-                 "    while not os.path.exists('0.pid'): time.sleep(0.1)\n"
-                 "    sys.exit(3)\ntime.sleep(600)")
+        fails = rank_script(1, "sys.exit(3)")
         with pytest.raises(RankLost, match=r"^learner rank 1 on 127\.0\.0\.1 exited with "
                                            r"code 3 \(its own error is above\)$"):
             run_ranks(cluster, ["-c", fails], cwd=str(tmp_path), on_placed=lambda _: None)
@@ -413,12 +422,9 @@ def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
         # rank 0 kills its own actor (the reaper's parent's parent) once rank 1 is up
         for f in tmp_path.glob("*.pid"):
             f.unlink()
-        lost = ("import os, signal, time; open(os.environ['RANK'] + '.pid', 'w').write("
-                "str(os.getpid()))\nif os.environ['RANK'] == '0':\n"
-                "    while not os.path.exists('1.pid'): time.sleep(0.1)\n"
-                "    stat = lambda p: open(f'/proc/{p}/stat').read().rsplit(')', 1)[1]\n"
-                "    actor = int(stat(int(stat(os.getppid()).split()[1])).split()[1])\n"
-                "    os.kill(actor, signal.SIGKILL)\ntime.sleep(600)")
+        lost = rank_script(0, "stat = lambda p: open(f'/proc/{p}/stat').read().rsplit(')', 1)[1]\n"
+                              "actor = int(stat(int(stat(os.getppid()).split()[1])).split()[1])\n"
+                              "os.kill(actor, signal.SIGKILL)")
         with pytest.raises(RankLost, match=r"^learner rank 0 on 127\.0\.0\.1 was lost with "
                                            r"its actor, process or node \(.*[Aa]ctor.*\)$"):
             run_ranks(cluster, ["-c", lost], cwd=str(tmp_path), on_placed=lambda _: None)
