@@ -73,3 +73,31 @@ def test_stopping_a_server_ends_its_workers_too(tmp_path):
     finally:
         actor.kill()
         actor.wait()
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_stops_timeout():
+    """reaper.stop's SIGTERM reaches a server that ignores it: the group is SIGKILLed
+    after stop's own timeout, not after the reaper's longer grace (GRACE_S)."""
+    import time
+
+    from gaca_agent.cluster import reaper
+
+    server = reaper.start([sys.executable, "-c",
+                           "import signal, subprocess, time; "
+                           "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                           "w = subprocess.Popen(['sleep', '600']); "
+                           "print(w.pid, flush=True); time.sleep(600)"],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(server.stdout.readline())
+        assert alive(server.pid) and alive(worker)
+        begun = time.monotonic()
+        reaper.stop(server, timeout_s=0.5)
+        # SIGKILL and a wait take milliseconds; the reaper alone would take GRACE_S
+        assert time.monotonic() - begun < reaper.GRACE_S - 4
+        assert server.returncode == -signal.SIGKILL
+        assert gone_within([worker], 60), "the server's worker outlived stop()"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
