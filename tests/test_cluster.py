@@ -502,8 +502,8 @@ def test_a_server_that_exits_or_never_answers_is_one_line_without_its_key(tmp_pa
 
     from gaca_agent.cluster.servers import ServerActor
 
-    exits = (f"{sys.executable} -c \"import sys; print('no GPU here', file=sys.stderr); sys.exit(3)\" "
-             "--port {port} --api-key {api_key}")
+    exits = (f"{sys.executable} -c \"import sys; print('no GPU here', file=sys.stderr); "
+             "sys.exit(3)\" --port {port} --api-key {api_key}")
     with pytest.raises(RuntimeError) as err:
         ServerActor(exits, {"api_key": "k3y-s3cret"}, 600)
     said = str(err.value)
