@@ -470,19 +470,29 @@ def first_refusing(urls: list[str], deadline_s: float) -> int | None:
 
 
 @pytest.mark.skipif(not has_module("torch"), reason="needs torch (gaca-serve)")
-def test_a_started_servers_key_is_in_its_environment_not_its_command_line(tiny_model_path):
+def test_a_started_servers_key_is_in_its_environment_not_its_command_line(
+        tiny_model_path, tmp_path, monkeypatch):
     """The key made for a run's servers reaches each server by its environment (any user
-    of the node can read a command line): gaca-serve then refuses requests without it."""
+    of the node can read a command line): gaca-serve then refuses requests without it.
+    `gaca-serve` is this environment's, whatever `gaca-serve` the node's PATH finds."""
+    import os
+    import sys
     import urllib.error
     import urllib.request
 
     from gaca_agent.cluster.servers import ServerActor
 
+    other = tmp_path / "gaca-serve"  # another install's, first on PATH
+    other.write_text("#!/bin/sh\necho another gaca-serve; exit 9\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     actor = ServerActor("gaca-serve {model} --name {name} --host {host} --port {port}",
                         {"model": tiny_model_path, "name": "tiny", "api_key": "k3y-s3cret"},
                         600)
     try:
         assert "k3y-s3cret" not in " ".join(actor.proc.args)
+        words = actor.proc.args[actor.proc.args.index("--") + 1:]
+        assert words[:3] == [sys.executable, "-m", "gaca_agent.cli.serve"]
         request = urllib.request.Request(actor.url() + "/models")
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(request, timeout=60)
@@ -543,8 +553,9 @@ def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(t
     gets a new actor and URL, reported once by ready() (a second replace of the same one
     starts nothing, the others in the same call start), and the old process ends with
     its actor; a replacement that fails is reported with its own words and started again
-    by the next replace; close() ends every server."""
+    by the next replace; close() ends every server and its actor."""
     import sys
+    import time
     from urllib.parse import urlsplit
 
     import ray
@@ -596,6 +607,12 @@ def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(t
         fleet.close()
         assert fleet.actors == []
         assert gone_within(live, 60), "close() left a server running"
+        # and their actors, even one whose handle is held elsewhere (`starting` here): the
+        # CPUs they held are free
+        deadline = time.monotonic() + 120
+        while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray.available_resources().get("CPU") == 2.0, "close() left an actor holding CPUs"
     finally:
         if fleet is not None:
             fleet.close()
