@@ -450,3 +450,37 @@ def test_ranks_get_torchruns_variables_and_a_failed_or_lost_rank_stops_the_run(
         assert gone_within(pids, 60), "a rank's process outlived its lost actor"
     finally:
         ray.shutdown()
+
+
+@needs_ray
+def test_ranks_the_cluster_cannot_hold_stop_the_run_in_one_line(tmp_path):
+    """run_ranks on a Ray of 2 CPUs started here: ranks asking for more than the cluster
+    holds are refused at once, before a placement group waits; ranks whose strategy the
+    cluster cannot meet (STRICT_SPREAD on one node) end after learner_start_timeout_s in
+    one line naming the strategy; either way nothing is left reserved and no rank ran."""
+    import ray
+
+    from gaca_agent.cluster.learners import RankLost, run_ranks
+    from gaca_agent.cluster.ray_pool import on_loopback
+
+    with on_loopback(True):
+        ray.init(address="local", num_cpus=2, object_store_memory=80 << 20,
+                 include_dashboard=False, log_to_driver=False)
+    ran = ["-c", f"open({str(tmp_path / 'ran')!r}, 'w')"]
+    try:
+        big = ClusterSection(backend="ray", learners=2, learner_cpus=1.5,
+                             learner_start_timeout_s=30)
+        with pytest.raises(RankLost, match=r"^cannot place 2 learner ranks of \{'CPU': 1\.5\}: "
+                                           r"2 of them ask for 3 CPU in all; the cluster has 2$"):
+            run_ranks(big, ran, cwd=str(tmp_path), on_placed=lambda _: None)
+        spread = ClusterSection(backend="ray", learners=2, learner_cpus=0.5,
+                                learner_strategy="STRICT_SPREAD", learner_start_timeout_s=5)
+        with pytest.raises(RankLost, match=r"^cannot place 2 learner ranks of \{'CPU': 0\.5\} "
+                                           r"\(STRICT_SPREAD\) within 5 s: the cluster has "
+                                           r"\{.*\} free$"):
+            run_ranks(spread, ran, cwd=str(tmp_path), on_placed=lambda _: None)
+        assert not (tmp_path / "ran").exists()
+        tables = ray.util.placement_group_table().values()
+        assert all(t["state"] == "REMOVED" for t in tables)
+    finally:
+        ray.shutdown()
