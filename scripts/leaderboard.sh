@@ -14,7 +14,8 @@ export HF_HUB_OFFLINE=1
 declare -A PROTOCOL=(
   [alfworld]="--env gaca/ALFWorld-v0 --env-kwargs split=valid_seen max_episode_steps=15"
   [webshop]="--env gaca/WebShop-v0 --env-kwargs split=test"
-  [scienceworld]="--env gaca/ScienceWorld-v0 --env-kwargs split=dev task_types=boil max_episode_steps=30"
+  [scienceworld]="--env gaca/ScienceWorld-v0 --env-kwargs split=dev max_episode_steps=20
+    task_types=find-living-thing,find-non-living-thing,find-plant,find-animal"
 )
 for suite in alfworld webshop scienceworld; do
   for policy in random expert; do
