@@ -157,6 +157,33 @@ def test_expert_scores_one_on_50_generated_test_goals(env):
         assert terminated and reward == 1.0 and info["won"] and info["score"] == 1.0, k
 
 
+def test_the_experts_first_search_is_the_instructions_own_words(env):
+    """What a language model warmed up on the expert can learn: its first query is made of
+    words the observation shows (not the goal product's title, which it never sees); the
+    title is searched only where those words find nothing."""
+    from gaca_envs.webshop.goals import instruction_query
+
+    assert instruction_query("Find me slim, blue jeans with size: 32, and price lower than "
+                             "40.00 dollars") == "slim blue jeans"
+    assert instruction_query("Find me machine washable bath towel with non slip with color: "
+                             "sea green, and size: large, and price lower than 110.00 dollars"
+                             ) == "machine washable bath towel with non slip"
+    assert instruction_query("i need a red mug and price lower than 20.00 dollars") == \
+        "i need a red mug"
+    for k in range(20):
+        obs, info = env.reset(options={"task_id": k})
+        first = env.unwrapped.expert_action()
+        assert first == f"search[{instruction_query(info['task'])}]", k
+        title = env.unwrapped.session.products[env.unwrapped.session.goal["asin"]]["Title"]
+        assert title.lower() not in first
+    env.reset(options={"task_id": 0})
+    env.step("search[zzzz qqqq]")  # words that find nothing: back, then the title
+    assert env.unwrapped.expert_action() == "click[back to search]"
+    env.step("click[back to search]")
+    title = env.unwrapped.session.products[env.unwrapped.session.goal["asin"]]["Title"]
+    assert env.unwrapped.expert_action() == f"search[{' '.join(title.lower().split())}]"
+
+
 def test_pages_text_formats_and_state_keys(env):
     obs, info = env.reset(options={"task_id": 3})
     goal_text = info["task"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gaca_envs.core import MAX_ACTION_CHARS, Anchor, SimStep, TextEnv, to_charset
+from gaca_envs.webshop.goals import instruction_query
 from gaca_envs.webshop.pages import BACK, BUY, NEXT, PREV, SPECIAL_CLICKS, Session, observe
 from gaca_envs.webshop.world import GoalSource, World, WorldConfig, load_world
 
@@ -158,7 +159,9 @@ class WebShopEnv(TextEnv):
                                    "task_type": s.goal.get("category")})
 
     def expert_action(self) -> str | None:
-        """The oracle: search the goal product, open it, choose the goal options, buy."""
+        """The oracle: search as a shopper would (the instruction's own words), then by the
+        goal product's title where those words do not find it; open it, choose the goal
+        options, buy. Its first query is one a policy can learn from the observation."""
         s = self.session
         if s is None or s.page.kind == "done":
             return None
@@ -166,7 +169,8 @@ class WebShopEnv(TextEnv):
         target = goal["asin"]
         if page.kind == "search":
             product = s.products[target]
-            queries = [product["Title"], goal["query"] + " " + " ".join(goal["attributes"])]
+            queries = [instruction_query(goal["instruction_text"]), product["Title"],
+                       goal["query"] + " " + " ".join(goal["attributes"])]
             query = queries[min(len(self._searched), len(queries) - 1)].lower()
             return f"search[{' '.join(query.split())}]"
         if page.kind == "sub" or (page.kind == "item" and page.asin != target):

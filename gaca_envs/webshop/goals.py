@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -94,3 +95,17 @@ def split_range(split: str, n_goals: int) -> range:
     start, stop = SPLITS[split]
     stop = n_goals if stop is None else min(stop, n_goals)
     return range(min(start, n_goals), stop)
+
+
+#: The clauses a goal's instruction ends with: its options (``with color: red, and size:
+#: large``) and its price (``and price lower than 40.00 dollars``).
+_TAIL = re.compile(r" with [a-z]+(?: [a-z]+)?: |,? and price lower than ")
+
+
+def instruction_query(text: str) -> str:
+    """A search query made of words the instruction itself shows, as a shopper would type
+    it: lower case, without the leading "find me", the option and price clauses and
+    commas (``Find me slim, blue jeans with size: 32, and price lower than 40.00 dollars``
+    -> ``slim blue jeans``)."""
+    words = text.lower().strip().removeprefix("find me ")
+    return " ".join(_TAIL.split(words)[0].replace(",", " ").split())
