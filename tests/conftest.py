@@ -194,10 +194,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def gone_within(pids: list[int], seconds: float) -> bool:
+def true_within(condition, seconds: float, every: float = 0.2) -> bool:
+    """Whether ``condition()`` comes true within ``seconds`` (asked every ``every`` s)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
+        if condition():
             return True
-        time.sleep(0.2)
+        time.sleep(every)
     return False
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    return true_within(lambda: not any(alive(p) for p in pids), seconds)

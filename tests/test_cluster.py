@@ -555,12 +555,11 @@ def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(t
     its actor; a replacement that fails is reported with its own words and started again
     by the next replace; close() ends every server and its actor."""
     import sys
-    import time
     from urllib.parse import urlsplit
 
     import ray
 
-    from conftest import gone_within
+    from conftest import gone_within, true_within
     from gaca_agent.cluster.servers import Fleet
 
     script, flag, seen = tmp_path / "health.py", tmp_path / "fail", tmp_path / "seen"
@@ -609,10 +608,8 @@ def test_a_fleet_replaces_a_lost_server_says_a_failed_start_and_stops_them_all(t
         assert gone_within(live, 60), "close() left a server running"
         # and their actors, even one whose handle is held elsewhere (`starting` here): the
         # CPUs they held are free
-        deadline = time.monotonic() + 120
-        while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert ray.available_resources().get("CPU") == 2.0, "close() left an actor holding CPUs"
+        assert true_within(lambda: ray.available_resources().get("CPU") == 2.0, 120), \
+            "close() left an actor holding CPUs"
     finally:
         if fleet is not None:
             fleet.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,10 +62,9 @@ def chat(served, **kwargs):
 
 
 def wait_for(condition, timeout_s=60.0):
-    deadline = time.time() + timeout_s
-    while not condition():
-        assert time.time() < deadline, "timed out waiting"
-        time.sleep(0.01)
+    from conftest import true_within
+
+    assert true_within(condition, timeout_s, every=0.01), "timed out waiting"
 
 
 def teacher_forced(model, prompt_ids, completion_ids, temperature):
