@@ -133,6 +133,25 @@ def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_
     assert json.loads((run / "final_eval" / "results.json").read_text())["n"] == 2
 
 
+def test_the_warm_up_sees_every_pair_once_a_pass():
+    """warmup.bc_steps x bc_batch rows are whole shuffled passes over the expert's pairs:
+    an epoch's worth of steps trains on every pair once (rows drawn independently left
+    about a third of ScienceWorld's 684 unseen), and passes are shuffled afresh."""
+    from gaca_agent.learner.warmup import epoch_batches
+
+    rng = np.random.default_rng(0)
+    batches = epoch_batches(10, 4, 5, rng)  # 20 rows: two passes over 10 pairs
+    assert batches.shape == (5, 4)
+    first, second = batches.reshape(-1)[:10], batches.reshape(-1)[10:]
+    assert sorted(first) == sorted(second) == list(range(10))
+    assert list(first) != list(second) and list(first) != list(range(10))
+    part = epoch_batches(684, 8, 40, np.random.default_rng(0)).reshape(-1)  # 320 of 684
+    assert len(set(part)) == 320
+    assert epoch_batches(5, 3, 0, rng).shape == (0, 3)
+    with pytest.raises(ValueError, match="no .prompt, response. pairs"):
+        epoch_batches(0, 8, 1, rng)
+
+
 def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path):
     """behaviour_clone's loss (computed a chunk of logits at a time) equals the model's
     own cross-entropy over the response tokens of right-padded prompt + response rows,
@@ -141,7 +160,7 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gaca_agent.learner.batch import pad_batch
-    from gaca_agent.learner.warmup import behaviour_clone, pair_table
+    from gaca_agent.learner.warmup import behaviour_clone, epoch_batches, pair_table
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     torch.manual_seed(0)
@@ -149,8 +168,8 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
     pairs = [([5, 6, 7, 8, 9], [10, 11, tokenizer.eos_token_id]),
              ([12, 13], [14, 15, 16, 17, tokenizer.eos_token_id]),
              ([18, 19, 20, 21], [22, tokenizer.eos_token_id])]
-    # the rows behaviour_clone's first step draws (its seed's generator)
-    drawn = np.random.default_rng(3).integers(len(pairs), size=3)
+    # the rows behaviour_clone's first step takes (its seed's generator)
+    drawn = epoch_batches(len(pairs), 3, 2, np.random.default_rng(3))[0]
     rng_batch = [pairs[i] for i in drawn]
     b = pad_batch(pair_table(pairs), drawn, tokenizer.pad_token_id, "cpu")
     labels = torch.full_like(b["input_ids"], -100)

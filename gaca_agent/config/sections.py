@@ -120,8 +120,10 @@ class AlgoSection:
 class WarmupSection:
     bc_steps: int = 0
     """Behaviour-cloning steps on transcripts of ``source``'s episodes, each step's prompt
-    exactly as RL builds it (chat template, history) and its action as the response. 0
-    skips the warm-up."""
+    exactly as RL builds it (chat template, history) and its action as the response;
+    each step takes ``bc_batch`` pairs from shuffled passes over all of them, so
+    ``bc_steps x bc_batch / pairs`` is the number of epochs (``warmup/epochs``). 0 skips
+    the warm-up."""
     source: Literal["random", "expert"] = "random"
     """``random``: uniform admissible actions, the response format only (no success
     signal); ``expert``: the env's expert (ALFWorld's planner, ScienceWorld's gold path,

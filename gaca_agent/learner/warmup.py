@@ -28,13 +28,27 @@ def pair_table(pairs):
     return with_advantages(table, np.zeros(len(pairs)))
 
 
+def epoch_batches(n: int, batch: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """(steps, batch) row indices: passes over all ``n`` rows, each a fresh shuffle, cut
+    into batches (a batch may span two passes). Every row is seen once in each pass, so
+    ``steps * batch / n`` is the warm-up's number of epochs; drawing rows independently
+    would leave a third of them unseen after one epoch's worth of steps."""
+    if n < 1:
+        raise ValueError("the warm-up has no (prompt, response) pairs to train on")
+    passes = -(-steps * batch // n)
+    order = np.concatenate([rng.permutation(n) for _ in range(passes)]) if passes else \
+        np.zeros(0, dtype=int)
+    return order[:steps * batch].reshape(steps, batch)
+
+
 def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, seed: int,
                     device, micro_batch: int | None = None,
                     on_step: Callable[[int, float], None] | None = None,
                     autocast: Callable[[], ContextManager] = contextlib.nullcontext
                     ) -> dict[str, Any]:
     """Adam on the response tokens' cross-entropy (mean over a batch's response tokens),
-    the batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
+    batches taken from shuffled passes over the pairs (:func:`epoch_batches`), each
+    batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
     learner's; a model's activations for 8 rows of 1,000 tokens exceed 16 GB); returns the
     first and last losses; ``on_step(step, loss)`` after each step (progress). The
     vocabulary's logits exist a chunk of tokens at a time
@@ -51,8 +65,7 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
     step_rows = micro_batch or batch
     model.train()
     losses = []
-    for _ in range(steps):
-        chosen = rng.integers(len(pairs), size=batch)
+    for chosen in epoch_batches(len(pairs), batch, steps, rng):
         tokens = sum(len(pairs[i][1]) for i in chosen)
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -72,4 +85,5 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
     model.eval()
     return {"warmup/first_loss": losses[0] if losses else 0.0,
             "warmup/last_loss": float(np.mean(losses[-10:])) if losses else 0.0,
-            "warmup/pairs": len(pairs)}
+            "warmup/pairs": len(pairs),
+            "warmup/epochs": steps * batch / len(pairs)}
