@@ -8,6 +8,7 @@ import hmac
 import ipaddress
 import random
 import socket
+import sys
 
 
 def is_loopback(host: str) -> bool:
@@ -38,6 +39,18 @@ def bearer_ok(authorization: str, token: str | None) -> bool:
     if not token:
         return True
     return hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+
+
+class QuietHangUps:
+    """A mixin for a ``socketserver`` server (before the server class in the bases): a
+    client that hung up mid-request (a reset or a broken pipe: a trainer's timeout, a
+    closed browser tab) is not an error worth a traceback in the server's log; any other
+    error still prints one."""
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def free_port() -> int:

@@ -568,3 +568,29 @@ def test_a_streamed_answer_is_the_plain_answer_in_pieces(tiny_model_path, n, sto
         assert [t for c in mine for t in c.get("token_ids", [])] == want["token_ids"]
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == \
             [want["finish_reason"]]
+
+
+@pytest.mark.parametrize("which", ["gaca-serve", "gaca-view"])
+def test_a_client_that_hung_up_leaves_no_traceback_in_the_servers_log(which, tmp_path,
+                                                                      capsys):
+    """A trainer that timed out, or a closed browser tab, resets its connection mid-
+    request: the server's log gets no traceback for it; any other error still prints
+    one (socketserver's ``handle_error`` runs inside the handler's ``except``)."""
+    if which == "gaca-serve":
+        from gaca_agent.serving.app import ChatServer
+        server = ChatServer(("127.0.0.1", 0), None, None)  # no request reaches a model
+    else:
+        from gaca_agent.view.app import make_server
+        server = make_server(tmp_path)
+    try:
+        for error in (ConnectionResetError("reset by peer"), BrokenPipeError("pipe"),
+                      ValueError("a real fault")):
+            try:
+                raise error
+            except Exception:
+                server.handle_error(None, ("127.0.0.1", 1))
+        err = capsys.readouterr().err
+    finally:
+        server.server_close()
+    assert "a real fault" in err and "Traceback" in err
+    assert "reset by peer" not in err and "pipe" not in err

@@ -27,6 +27,7 @@ from typing import Any
 from gaca_agent.serving import protocol as api
 from gaca_agent.serving.handler import REQUEST_TIMEOUT_S, Handler
 from gaca_agent.serving.protocol import APIError
+from gaca_envs.net import QuietHangUps
 
 
 class ChatModel:
@@ -139,7 +140,7 @@ class ChatModel:
         self.batcher.close()
 
 
-class ChatServer(ThreadingHTTPServer):
+class ChatServer(QuietHangUps, ThreadingHTTPServer):
     """The threaded HTTP server of one :class:`ChatModel` (requests: :class:`Handler`)."""
 
     daemon_threads = True

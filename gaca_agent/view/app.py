@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 from gaca_agent.runs.rundir import read_metrics
 from gaca_agent.view import credit, store
+from gaca_envs.net import QuietHangUps
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
@@ -132,14 +132,8 @@ def finite(x: Any) -> Any:
     return x
 
 
-class ViewServer(ThreadingHTTPServer):
+class ViewServer(QuietHangUps, ThreadingHTTPServer):
     daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        """A browser that closed its connection is not an error worth a traceback."""
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            return
-        super().handle_error(request, client_address)
 
 
 def make_server(root: Path, host: str = "127.0.0.1", port: int = 0,
