@@ -316,6 +316,18 @@ def test_the_warm_up_says_how_far_it_is_without_a_bar(capsys):
         "lm warm-up: loss 1.690 -> 0.200, eval success 0.125 (zero-shot 0.000)"
 
 
+def test_gaca_eval_without_a_bar_keeps_its_log_to_the_results(tmp_path, monkeypatch,
+                                                              capsys):
+    """``gaca-eval --no-progress`` (gaca-train's flag) draws no bar on stderr, which a
+    long evaluation's log file would otherwise fill; without it the bar counts episodes."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--env", "gaca/Diag-Signs-v0", "--policy", "random", "--episodes", "2"]
+    for flag, bar in (["--no-progress"], False), ([], True):
+        rc, out, err = run(eval_cli.main, argv + flag + ["--out", f"e{len(flag)}"], capsys)
+        assert rc == 0 and '"success_rate"' in out
+        assert ("2/2" in err) is bar, err
+
+
 # ---------------------------------------------------------- 6. your own env
 def test_a_plain_gymnasium_env_plays_in_gaca_eval(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

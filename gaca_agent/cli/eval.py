@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
                         help="tables of every gaca-eval folder and gaca-train run under "
                              "PATH, one per protocol, with Wilson intervals (written to "
                              "--out as Markdown when given)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (as gaca-train's): logs of long evaluations "
+                             "keep only their results")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the inputs (env, kwargs, data, policy, model, servers), "
                              "say what would be played, then exit")
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             table = suites.run_suite(args.suite, args.policy, out, workers=args.workers,
                                      seed=args.seed, policy_kwargs=policy_kwargs,
                                      max_live_envs=args.max_live_envs,
-                                     episodes=args.episodes)
+                                     episodes=args.episodes, progress=not args.no_progress)
             print(table)
             return 0
         name = f"{args.env.split('/')[-1]}-{args.policy.replace(':', '_').replace('/', '_')}"
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate(Evaluation(
             args.env, args.policy, args.episodes or "10", env_kwargs, policy_kwargs,
             args.seed, args.group_size, args.workers, args.max_live_envs,
-            env_servers=tuple(args.env_servers or ())), out)
+            env_servers=tuple(args.env_servers or ())), out, progress=not args.no_progress)
     except EvaluationInterrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
         return 130
