@@ -12,6 +12,18 @@ from gaca_envs.alfworld.games import find_data_dir, list_games
 from gaca_envs.core import Anchor, SimStep, TextEnv, normalize_action
 
 _TASK_RE = re.compile(r"Your task is to:\s*(.+)")
+_BANNER_CHARS = frozenset(" $|\\/_<>")
+_PROMPT_RE = re.compile(r"\n>[^\n]*(?:\n[^\n]*)*\Z")  # Inform's last prompt line, and after
+
+
+def inform_text(feedback: str) -> str:
+    """An Inform game's (``.z8``/``.ulx``) feedback as a player reads it: without the
+    title's ASCII-art banner, the ``>`` prompt and the status line after it (the room
+    and the score, which TextWorld appends), and without runs of blank lines."""
+    lines = [line for line in feedback.split("\n")
+             if not (line.strip() and set(line) <= _BANNER_CHARS and line.strip() != ">")]
+    text = _PROMPT_RE.sub("", "\n".join(lines))
+    return re.sub(r"\n\s*\n(\s*\n)+", "\n\n", text).strip()
 
 
 class TextWorldEnv(TextEnv):
@@ -20,13 +32,16 @@ class TextWorldEnv(TextEnv):
     ## Description
     Plays TextWorld games with TextWorld's own engine. ``game`` is a game file, a folder of
     game files, or a list of them; each file is one task (task ids follow sorted paths).
+    ``generate={...}`` instead makes games with TextWorld's generator, once, into a cache
+    (:mod:`gaca_envs.alfworld.generated`): the same spec gives the same games anywhere.
 
     ## Action Space
     ``Text``: any string. Actions are lower-cased and whitespace-collapsed; one that is not
     in ``info["admissible_actions"]`` does nothing and sets ``info["action_valid"]=False``.
 
     ## Observation Space
-    ``Text``: the game's feedback (printable ASCII).
+    ``Text``: the game's feedback (printable ASCII); an Inform game's (``.z8``, ``.ulx``)
+    without its title banner, ``>`` prompt and status line (:func:`inform_text`).
 
     ## Starting State
     The game's start. ``options={"task_id": k}`` picks game k; otherwise ``np_random`` does.
@@ -44,7 +59,8 @@ class TextWorldEnv(TextEnv):
     ``env.unwrapped.expert_action()`` is TextWorld's policy command from the current state.
 
     ## Arguments
-    ``game``, ``anchor`` (``state`` or ``observation``), ``render_mode`` (``ansi``),
+    ``game`` or ``generate`` (``count``, ``seed``, ``rooms``, ``objects``,
+    ``quest_length``), ``anchor`` (``state`` or ``observation``), ``render_mode`` (``ansi``),
     ``fast_textgen`` (PDDL games: the fast text generation, identical output; default on,
     ``GACA_ALFWORLD_FAST=0`` turns it off).
 
@@ -56,13 +72,20 @@ class TextWorldEnv(TextEnv):
 
     def __init__(self, game: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
                  anchor: Anchor = "state", render_mode: str | None = None,
-                 fast_textgen: bool | None = None) -> None:
+                 fast_textgen: bool | None = None,
+                 generate: dict[str, int] | None = None) -> None:
         from gaca_envs.alfworld.fastgen import fast_enabled
 
         super().__init__(render_mode=render_mode, anchor=anchor)
         self.fast_textgen = fast_enabled(fast_textgen)
-        if game is None:
-            raise ValueError("TextWorld-v0 needs game=PATH (a game file, folder or list)")
+        if (game is None) == (generate is None):
+            raise ValueError("TextWorld-v0 needs game=PATH (a game file, folder or list) or "
+                             "generate={count, seed, rooms, objects, quest_length} (games "
+                             "made by TextWorld's generator), one of the two")
+        if generate is not None:
+            from gaca_envs.alfworld.generated import generated_games
+
+            game = generated_games(generate)
         self.game_files: tuple[Path, ...] = _game_files(game)
         self._engine: Any = None
         self._game_state: Any = None
@@ -153,7 +176,9 @@ class TextWorldEnv(TextEnv):
         won = bool(state["won"])
         done = won or bool(state.get("lost"))
         assert self._task_id is not None
-        return SimStep(state.feedback, tuple(sorted(self._commands)),
+        inform = self.game_files[self._task_id].suffix in (".z8", ".ulx")
+        return SimStep(inform_text(state.feedback) if inform else state.feedback,
+                       tuple(sorted(self._commands)),
                        facts_key(self._facts(state), self._exclude_facts),
                        reward=reward, terminated=done, won=won,
                        extra_info=self._extra_info(self._task_id))
