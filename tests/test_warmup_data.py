@@ -109,8 +109,9 @@ def test_a_run_warms_up_on_the_expert_and_evaluates_before_and_after(tmp_path):
 
 
 @pytest.mark.slow  # a JVM, ALFWorld's games and WebShop's index, one iteration each
-@pytest.mark.parametrize("name", ["alfworld", "webshop", "scienceworld"])
-def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_path):
+@pytest.mark.parametrize("name", ["alfworld", "webshop", "scienceworld", "textworld"])
+def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_path,
+                                                            monkeypatch):
     """Each suite's SmolLM2 CPU config, shrunk to one iteration of one group and with the
     tiny model of SmolLM2's architecture (Llama): zero-shot, warm-up on the expert, RL and
     the final evaluation all run, in bf16 with fp32 masters."""
@@ -120,7 +121,11 @@ def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_
     from gaca_agent.training.loop import train
 
     suite(name, request)  # skips when the suite's package or data is missing
-    cfg = load_config(f"gaca_agent/configs/cpu_lm/{name}.yaml", [
+    shrink = []
+    if name == "textworld":  # a few games, made into the test's own cache
+        monkeypatch.setenv("GACA_CACHE", str(tmp_path / "cache"))
+        shrink = ["env.kwargs.generate.count=3", "env.eval_kwargs.generate.count=2"]
+    cfg = load_config(f"gaca_agent/configs/cpu_lm/{name}.yaml", shrink + [
         "model.path=tiny", "iterations=1", "eval_every=1", "env.groups=1", "env.group_size=2",
         "env.eval_episodes=2", "env.workers=0", "warmup.bc_steps=2", "warmup.bc_batch=2",
         "warmup.bc_episodes=2", f"out_dir={tmp_path}"])
