@@ -39,6 +39,14 @@ for policy in random expert; do
     --policy "$policy" --episodes 32 --seed 10000 --workers 1 \
     --out "runs/leaderboard/alfworld_two/$policy" > /dev/null
 done
+# cpu_lm/textworld's held-out protocol: 32 of the games TextWorld's generator makes from
+# seed 1,000,000 (made once, cached); its run's zero_shot_eval/ is SmolLM2's zero-shot row
+for policy in random expert; do
+  gaca-eval --env gaca/TextWorld-v0 --env-kwargs max_episode_steps=10 \
+    "generate={count: 32, seed: 1000000, rooms: 4, objects: 6, quest_length: 4}" \
+    --policy "$policy" --episodes 32 --seed 10000 --workers 1 \
+    --out "runs/leaderboard/textworld/$policy" > /dev/null
+done
 gaca-eval --leaderboard runs/leaderboard $(ls -d runs/cpu_lm_* 2>/dev/null) \
   --out docs/leaderboard.md > /dev/null
 echo "wrote docs/leaderboard.md"
