@@ -291,9 +291,16 @@ def test_iteration_lines_and_quiet_libraries():
     from gaca_agent.runs.progress import iteration_line, quiet_libraries
 
     line = iteration_line("run", 2, 8, {"rollout/success": 0.25, "eval/success": 0.5,
-                                        "losses/policy": -0.0123, "losses/kl": 4e-4}, 12.34)
+                                        "losses/policy": -0.0123, "losses/kl": 4e-4,
+                                        "adv/zero_variance_groups": 0.75}, 12.34)
     assert line == ("run iteration 3/8: rollout success 0.250, eval success 0.500, "
-                    "policy loss -0.0123, kl 0.0004, 12.3 s")
+                    "groups alike 75%, policy loss -0.0123, kl 0.0004, 12.3 s")
+    # every group alike (a near-greedy sampler, tasks all won or all lost): said plainly
+    flat = iteration_line("run", 0, 8, {"rollout/success": 0.75,
+                                        "adv/zero_variance_groups": 1.0}, 1.0)
+    assert flat.splitlines()[0].endswith("groups alike 100%, 1.0 s")
+    assert "no advantage this iteration" in flat.splitlines()[1]
+    assert "\n" not in iteration_line("run", 0, 8, {"adv/zero_variance_groups": 0.875}, 1.0)
     hf_logging.enable_progress_bar()
     quiet_libraries()
     assert not hf_logging.is_progress_bar_enabled()

@@ -30,15 +30,24 @@ def quiet_libraries() -> None:
 
 def iteration_line(name: str, it: int, total: int, metrics: Mapping[str, float],
                    seconds: float) -> str:
-    """``NAME iteration 3/8: rollout success 0.250, eval success 0.500, policy loss
-    -0.0123, kl 0.0004, 12.3 s`` (the evaluation only on iterations that ran one)."""
+    """``NAME iteration 3/8: rollout success 0.250, eval success 0.500, groups alike 75%,
+    policy loss -0.0123, kl 0.0004, 12.3 s`` (the evaluation only on iterations that ran
+    one). "Groups alike" is the share of task groups whose episodes all returned the same
+    (no advantage to learn from); when it is every group, the line says so."""
     parts = [f"rollout success {metrics.get('rollout/success', math.nan):.3f}"]
     if "eval/success" in metrics:
         parts.append(f"eval success {metrics['eval/success']:.3f}")
+    alike = metrics.get("adv/zero_variance_groups")
+    if alike is not None:
+        parts.append(f"groups alike {alike:.0%}")
     for key, label in (("losses/policy", "policy loss"), ("losses/kl", "kl")):
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
-    return f"{name} iteration {it + 1}/{total}: {', '.join(parts)}, {seconds:.1f} s"
+    line = f"{name} iteration {it + 1}/{total}: {', '.join(parts)}, {seconds:.1f} s"
+    if alike == 1.0:
+        line += ("\n  every task group's episodes returned alike: no advantage this iteration "
+                 "(sample at a higher model.temperature, or larger or harder groups)")
+    return line
 
 
 @contextlib.contextmanager
