@@ -21,7 +21,7 @@ def main() -> None:
     from gaca_agent.learner.core import Learner, LearnerConfig
     from gaca_agent.generate.engines import HFEngine, Request
     from gaca_agent.steps import StepTable
-    from gaca_agent.training.loop import param_digest
+    from gaca_agent.training.ranks import param_digest
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -124,7 +124,8 @@ def test_each_cpu_lm_config_runs_end_to_end_in_one_iteration(name, request, tmp_
     shrink = []
     if name == "textworld":  # a few games, made into the test's own cache
         monkeypatch.setenv("GACA_CACHE", str(tmp_path / "cache"))
-        shrink = ["env.kwargs.generate.count=3", "env.eval_kwargs.generate.count=2"]
+        shrink = ["env.kwargs.generate.count=3", "env.eval_kwargs.generate.count=2",
+                  "warmup.env_kwargs.generate.count=2"]
     cfg = load_config(f"gaca_agent/configs/cpu_lm/{name}.yaml", shrink + [
         "model.path=tiny", "iterations=1", "eval_every=1", "env.groups=1", "env.group_size=2",
         "env.eval_episodes=2", "env.workers=0", "warmup.bc_steps=2", "warmup.bc_batch=2",
@@ -230,3 +231,65 @@ def test_a_bf16_warm_up_trains_the_weights_it_computes_with(tiny_model_path):
                                 labels=labels).loss.item()
     assert final["fp32"] < 0.5 * start
     assert final["bf16"] == pytest.approx(final["fp32"], rel=0.25, abs=0.05)
+
+
+@pytest.mark.skipif(not has_module("textworld"), reason="needs textworld (pip install -e '.[alfworld]')")
+def test_the_warm_up_can_play_tasks_rl_never_draws(tmp_path, monkeypatch):
+    """warmup.env_kwargs: the warm-up's expert episodes are played on those kwargs (over
+    env.kwargs), here other generated TextWorld games, and RL's on env.kwargs' games."""
+    import json
+
+    import gymnasium as gym
+    import yaml
+
+    import gaca_agent.generate.transcripts as transcripts_module
+    from gaca_agent.config import load_config
+    from gaca_agent.training.loop import train
+
+    monkeypatch.setenv("GACA_CACHE", str(tmp_path / "cache"))
+    spec = "{count: 3, seed: %d, rooms: 2, objects: 3, quest_length: 2}"
+    seen, real = [], transcripts_module.transcripts
+
+    def recording(rollout, *args, **kwargs):
+        seen.extend(ep.task for ep in rollout.episodes)
+        return real(rollout, *args, **kwargs)
+
+    monkeypatch.setattr(transcripts_module, "transcripts", recording)
+    cfg = load_config("gaca_agent/configs/cpu_lm/textworld.yaml", [
+        f"env.kwargs.generate={spec % 0}", f"env.eval_kwargs.generate={spec % 0}",
+        f"warmup.env_kwargs={{generate: {spec % 100}}}", "model.path=tiny", "iterations=1",
+        "eval_every=0", "warmup.eval_before=false", "env.groups=1", "env.group_size=2",
+        "env.workers=0", "warmup.bc_steps=1", "warmup.bc_batch=2", "warmup.bc_episodes=3",
+        f"out_dir={tmp_path}", "keep_rollouts=false"])
+    run = train(cfg, progress=False)
+
+    def objectives(seed):
+        env = gym.make("gaca/TextWorld-v0", generate=yaml.safe_load(spec % seed))
+        found = {env.reset(options={"task_id": k})[1]["task"] for k in range(3)}
+        env.close()
+        return found
+
+    assert len(seen) == 3 and set(seen) == objectives(100)  # each of its 3 games once
+    trained = {json.loads(line)["task"] for line in
+               (run / "train_episodes.jsonl").read_text().splitlines()}
+    assert trained and trained <= objectives(0) and not trained & objectives(100)
+
+
+def test_a_bad_warm_up_env_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The warm-up's env kwargs are checked with the training and held-out ones
+    (gaca-train and its --dry-run), so a bad one stops the run before it starts."""
+    from gaca_agent.config import load_config
+    from gaca_agent.config.checks import InputError, check_config
+
+    if not has_module("textworld"):
+        pytest.skip("needs textworld (pip install -e '.[alfworld]')")
+    monkeypatch.setenv("GACA_CACHE", str(tmp_path))
+    small = ["env.kwargs.generate.count=1", "env.eval_kwargs.generate.count=1",
+             "model.path=tiny"]
+    bad = load_config("gaca_agent/configs/cpu_lm/textworld.yaml",
+                      small + ["warmup.env_kwargs={generate: {rooms: 0}}"])
+    with pytest.raises(InputError, match=r"generate.rooms must be an integer >= 1, got 0"):
+        check_config(bad)
+    skipped = load_config("gaca_agent/configs/cpu_lm/textworld.yaml", small + [
+        "warmup.env_kwargs={generate: {rooms: 0}}", "warmup.bc_steps=0"])
+    check_config(skipped)  # no warm-up: its kwargs are not used, so not checked

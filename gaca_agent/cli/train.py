@@ -64,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         return fail(PROG, err)
     if args.dry_run:
-        print("\ninputs checked: the env builds with both kwargs, the data and model are "
-              "found, the servers answer")
+        which = "training, held-out and warm-up" if cfg.warmup.env_kwargs is not None and \
+            cfg.warmup.bc_steps > 0 else "training and held-out"
+        print(f"\ninputs checked: the env builds with its {which} kwargs, the data and model "
+              "are found, the servers answer")
         return 0
     if cfg.cluster.backend == "ray" and "RANK" not in os.environ:  # before anything starts
         from gaca_agent.cluster.ray_pool import check_placement

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gaca_agent.collect.settings import EnvSection
 from gaca_agent.generate.factory import EngineName
@@ -136,6 +136,10 @@ class WarmupSection:
     eval_before: bool = False
     """Also evaluate on the held-out episodes before the warm-up (``eval_before/*`` in the
     warm-up's metrics row): zero-shot, after the warm-up and after RL from one run."""
+    env_kwargs: dict[str, Any] | None = None
+    """Env kwargs for the warm-up's episodes, over ``env.kwargs`` (the keys it names are
+    replaced): tasks the warm-up trains on that RL never draws, e.g. other generated
+    TextWorld games. None: the warm-up plays the training env's tasks."""
 
     def __post_init__(self) -> None:
         if self.bc_steps < 0 or self.bc_batch < 1 or self.bc_episodes < 1 or self.bc_lr <= 0:

@@ -26,8 +26,8 @@ from gaca_agent.training.build import (load_adapter, make_collector, make_polici
 from gaca_agent.training.held_out import HeldOut
 from gaca_agent.training.producer import (Batch, Lockstep, Producer, Schedule, load_ahead,
                                           save_ahead)
-from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, rank_share,
-                                       reduce_sums, rollout_metrics, rollout_sums)
+from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, param_digest,
+                                       rank_share, reduce_sums, rollout_metrics, rollout_sums)
 from gaca_agent.training.records import episode_records, write_train_report
 from gaca_agent.training.sync import WeightSync
 
@@ -307,12 +307,10 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
     policy becomes the KL reference and is saved in ``warmup/``, a model folder: a
     resumed run keeps its reference from there, and later runs can start from it
     (``model.path``). Its steps show on a bar, or as a plain line every tenth of them."""
-    from gaca_agent.generate.transcripts import transcripts
     from gaca_agent.learner.warmup import behaviour_clone
-    from gaca_agent.policies import make_policy
 
-    cfg, learner, tokenizer, collector = run.cfg, run.learner, run.tokenizer, run.collector
-    n_train, sync, run_dir, w = run.n_train, run.sync, run.run_dir, cfg.warmup
+    cfg, learner, tokenizer = run.cfg, run.learner, run.tokenizer
+    sync, run_dir, w = run.sync, run.run_dir, cfg.warmup
     acc = learner.accelerator
     metrics: dict[str, Any] = {}
     if w.eval_before and cfg.eval_every:
@@ -321,10 +319,7 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
         metrics.update({k.replace("eval/", "eval_before/"): v
                         for k, v in before.metrics().items()})
     if w.bc_steps > 0:
-        tasks = plan(w.bc_episodes, n_train or None, 50_000) if w.source == "expert" else \
-            [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
-        rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
-        pairs = transcripts(rollout, cfg.env.id, collector.family, collector.prompts, tokenizer)
+        rollout, pairs = _warmup_pairs(run)
         with warmup_progress(cfg.name, w.bc_steps,
                              bar_shown and acc.is_main_process) as on_step:
             metrics.update(behaviour_clone(learner.unwrapped, tokenizer, pairs, w.bc_steps,
@@ -347,15 +342,27 @@ def _warmup(run: Run, bar_shown: bool = False) -> None:
         print(warmup_line(cfg.name, metrics), flush=True)
 
 
-def param_digest(state: dict) -> str:
-    """A hash of a model state (equal on every rank when the ranks are in sync)."""
-    import hashlib
+def _warmup_pairs(run: Run):
+    """The warm-up's episodes of ``warmup.source`` and their (prompt, response) pairs, on
+    the training env or on ``warmup.env_kwargs`` over its kwargs (tasks RL never draws)."""
+    from gaca_agent.generate.transcripts import transcripts
+    from gaca_agent.policies import make_policy
 
-    h = hashlib.sha256()
-    for name in sorted(state):
-        h.update(name.encode())
-        h.update(state[name].detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
+    cfg, w, collector, n_train = run.cfg, run.cfg.warmup, run.collector, run.n_train
+    own = w.env_kwargs is not None
+    if own:  # its own collector, closed after
+        kwargs = {**cfg.env.kwargs, **w.env_kwargs}
+        collector, n_train = make_collector(cfg, kwargs), num_tasks_of(cfg.env.id, kwargs,
+                                                                       cfg.env.servers)
+    tasks = plan(w.bc_episodes, n_train or None, 50_000) if w.source == "expert" else \
+        [(i % (n_train or w.bc_episodes), 50_000 + i) for i in range(w.bc_episodes)]
+    try:
+        rollout = collector.run(make_policy(w.source, seed=cfg.seed), tasks, 1)
+        return rollout, transcripts(rollout, cfg.env.id, collector.family, collector.prompts,
+                                    run.tokenizer)
+    finally:
+        if own:
+            collector.close()
 
 
 def _finish(run: Run) -> None:

@@ -1,6 +1,6 @@
 """An iteration spread over the ranks and gathered back: its task groups, each rank's
 share, rank-global ids, the advantages over every rank's rows, the rollout metrics summed
-over ranks."""
+over ranks; a hash of a model state that ranks in sync agree on."""
 
 from __future__ import annotations
 
@@ -84,3 +84,13 @@ def estimate(acc, cfg: TrainConfig, table):
     mine = slice(start, start + len(table))
     return adv[mine], diag, rows["weight"][mine]
 
+
+def param_digest(state: dict) -> str:
+    """A hash of a model state (equal on every rank when the ranks are in sync)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
