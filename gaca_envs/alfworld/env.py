@@ -65,7 +65,8 @@ class TextWorldEnv(TextEnv):
     ``GACA_ALFWORLD_FAST=0`` turns it off).
 
     ## Version History
-    v0: initial version.
+    v0: initial version; since 2026-12-07 an Inform game's feedback loses its banner,
+    prompt and status line, and ``generate`` makes games.
     """
 
     _exclude_facts: frozenset[str] = frozenset()
