@@ -299,7 +299,7 @@ def test_iteration_lines_and_quiet_libraries():
     flat = iteration_line("run", 0, 8, {"rollout/success": 0.75,
                                         "adv/zero_variance_groups": 1.0}, 1.0)
     assert flat.splitlines()[0].endswith("groups alike 100%, 1.0 s")
-    assert "no advantage this iteration" in flat.splitlines()[1]
+    assert "no episode-level advantage this iteration" in flat.splitlines()[1]
     assert "\n" not in iteration_line("run", 0, 8, {"adv/zero_variance_groups": 0.875}, 1.0)
     hf_logging.enable_progress_bar()
     quiet_libraries()

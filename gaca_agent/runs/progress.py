@@ -33,7 +33,7 @@ def iteration_line(name: str, it: int, total: int, metrics: Mapping[str, float],
     """``NAME iteration 3/8: rollout success 0.250, eval success 0.500, groups alike 75%,
     policy loss -0.0123, kl 0.0004, 12.3 s`` (the evaluation only on iterations that ran
     one). "Groups alike" is the share of task groups whose episodes all returned the same
-    (no advantage to learn from); when it is every group, the line says so."""
+    (no episode-level advantage); when it is every group, a second line says so."""
     parts = [f"rollout success {metrics.get('rollout/success', math.nan):.3f}"]
     if "eval/success" in metrics:
         parts.append(f"eval success {metrics['eval/success']:.3f}")
@@ -45,8 +45,9 @@ def iteration_line(name: str, it: int, total: int, metrics: Mapping[str, float],
             parts.append(f"{label} {metrics[key]:.4g}")
     line = f"{name} iteration {it + 1}/{total}: {', '.join(parts)}, {seconds:.1f} s"
     if alike == 1.0:
-        line += ("\n  every task group's episodes returned alike: no advantage this iteration "
-                 "(sample at a higher model.temperature, or larger or harder groups)")
+        line += ("\n  every task group's episodes returned alike: no episode-level advantage "
+                 "this iteration (step-level terms see only how long they took); sample at "
+                 "a higher model.temperature, or larger or harder groups")
     return line
 
 
