@@ -85,12 +85,17 @@ def tiny_model_path(tmp_path_factory):
 @pytest.fixture
 def fresh_accelerate():
     """accelerate's state is process-wide: a test that builds another library's trainer
-    (TRL's set bf16) must not leave it to the learner tests on the same worker."""
-    yield
+    (TRL's set bf16) or runs gaca-train must not leave it to the learner tests on the same
+    worker; reset before the test (whatever ran earlier) and after it."""
     from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    def reset():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    reset()
+    yield
+    reset()
 
 
 def full_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
