@@ -13,8 +13,8 @@ from conftest import has_module
 from gaca_envs.alfworld import generated
 from gaca_envs.alfworld.env import inform_text
 
-needs_textworld = pytest.mark.skipif(not has_module("textworld"),
-                                     reason="textworld not installed (pip install -e '.[alfworld]')")
+needs_textworld = pytest.mark.skipif(
+    not has_module("textworld"), reason="textworld not installed (pip install -e '.[alfworld]')")
 SPEC = {"count": 2, "seed": 5, "rooms": 2, "objects": 3, "quest_length": 2}
 
 

@@ -233,7 +233,8 @@ def test_a_bf16_warm_up_trains_the_weights_it_computes_with(tiny_model_path):
     assert final["bf16"] == pytest.approx(final["fp32"], rel=0.25, abs=0.05)
 
 
-@pytest.mark.skipif(not has_module("textworld"), reason="needs textworld (pip install -e '.[alfworld]')")
+@pytest.mark.skipif(not has_module("textworld"),
+                    reason="needs textworld (pip install -e '.[alfworld]')")
 def test_the_warm_up_can_play_tasks_rl_never_draws(tmp_path, monkeypatch, fresh_accelerate):
     """warmup.env_kwargs: the warm-up's expert episodes are played on those kwargs (over
     env.kwargs), here other generated TextWorld games, and RL's on env.kwargs' games."""

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         return fail(PROG, err)
     if args.dry_run:
-        which = "training, held-out and warm-up" if cfg.warmup.env_kwargs is not None and \
-            cfg.warmup.bc_steps > 0 else "training and held-out"
+        which = "training and held-out" if cfg.warmup.own_env_kwargs(cfg.env.kwargs) is None \
+            else "training, held-out and warm-up"
         print(f"\ninputs checked: the env builds with its {which} kwargs, the data and model "
               "are found, the servers answer")
         return 0

@@ -245,9 +245,8 @@ def check_config(cfg) -> None:
     if cfg.model.engine == "server":  # cluster.servers: none yet (Ray starts them)
         urls = [(cfg.server.base_url, "server.base_url")] if cfg.server.base_url else []
         urls += [(u, f"server.replicas[{i}]") for i, u in enumerate(cfg.server.replicas)]
-    kwargs = [cfg.env.kwargs, cfg.env.eval_kwargs]
-    if cfg.warmup.env_kwargs is not None and cfg.warmup.bc_steps > 0:  # the warm-up's tasks
-        kwargs.append({**cfg.env.kwargs, **cfg.warmup.env_kwargs})
+    warmup = cfg.warmup.own_env_kwargs(cfg.env.kwargs)  # the warm-up's own tasks, if any
+    kwargs = [cfg.env.kwargs, cfg.env.eval_kwargs] + ([warmup] if warmup is not None else [])
     check_run_inputs(cfg.env.id, kwargs, model=cfg.model.path, urls=urls,
                      servers=cfg.env.servers)
 

@@ -141,6 +141,13 @@ class WarmupSection:
     replaced): tasks the warm-up trains on that RL never draws, e.g. other generated
     TextWorld games. None: the warm-up plays the training env's tasks."""
 
+    def own_env_kwargs(self, env_kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The kwargs the warm-up plays on when it has its own (``env_kwargs`` over the
+        training env's) and runs at all; None when it plays the training env's tasks."""
+        if self.env_kwargs is None or self.bc_steps <= 0:
+            return None
+        return {**env_kwargs, **self.env_kwargs}
+
     def __post_init__(self) -> None:
         if self.bc_steps < 0 or self.bc_batch < 1 or self.bc_episodes < 1 or self.bc_lr <= 0:
             raise ValueError("need warmup.bc_steps >= 0, warmup.bc_batch >= 1, "

@@ -349,9 +349,9 @@ def _warmup_pairs(run: Run):
     from gaca_agent.policies import make_policy
 
     cfg, w, collector, n_train = run.cfg, run.cfg.warmup, run.collector, run.n_train
-    own = w.env_kwargs is not None
+    kwargs = w.own_env_kwargs(cfg.env.kwargs)
+    own = kwargs is not None
     if own:  # its own collector, closed after
-        kwargs = {**cfg.env.kwargs, **w.env_kwargs}
         collector, n_train = make_collector(cfg, kwargs), num_tasks_of(cfg.env.id, kwargs,
                                                                        cfg.env.servers)
     tasks = plan(w.bc_episodes, n_train or None, 50_000) if w.source == "expert" else \

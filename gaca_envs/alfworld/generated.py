@@ -6,9 +6,9 @@ TextWorld's ``make_game`` with seed ``seed + i``, so a spec names the same games
 machine (TextWorld 1.7's generator) and two specs whose seed ranges do not overlap share
 no game (a training set and a held-out set). The games are compiled (Inform 7, shipped
 with TextWorld; each ``.z8`` with the ``.json`` of its facts and quests) into
-``$GACA_CACHE/textworld/<spec>/`` (``~/.cache/gaca``) and reused; a folder is renamed into place only when
-every game in it is written, so a process killed mid-way or another process generating the
-same spec at the same time leaves no half set behind.
+``$GACA_CACHE/textworld/<spec>/`` (``~/.cache/gaca``) and reused; a folder is renamed
+into place only when every game in it is written, so a process killed mid-way or another
+process generating the same spec at the same time leaves no half set behind.
 """
 
 from __future__ import annotations
