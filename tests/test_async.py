@@ -756,7 +756,9 @@ def test_an_asynchronous_run_in_process_then_resumed(tmp_path, fresh_serve, fres
                                 [*args, "iterations=4", "keep_rollouts=true"]),
                     resume=run, progress=False)
     assert resumed == run
-    lines = [x for x in capsys.readouterr().out.splitlines() if " iteration " in x]
+    out = capsys.readouterr().out.splitlines()
+    # one line per iteration (a second, indented line when every group returned alike)
+    lines = [x for x in out if x.startswith("inproc iteration ")]
     assert [x.split(":")[0] for x in lines] == [f"inproc iteration {i}/{n}"
                                                 for i, n in ((1, 2), (2, 2), (3, 4), (4, 4))]
     assert "response_ids" in steps_of(run, 1)[0] and "response_ids" not in steps_of(run, 2)[0]

@@ -114,7 +114,7 @@ def test_kill_and_resume_reproduces_the_next_iteration(tmp_path):
     full = run_train([*base, "name=full"], tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     # --no-progress: one plain line per iteration, and no library bars break in
-    lines = [x for x in full.stdout.splitlines() if " iteration " in x]
+    lines = [x for x in full.stdout.splitlines() if x.startswith("full iteration ")]
     assert [x.split(":")[0] for x in lines] == [f"full iteration {i}/4" for i in range(1, 5)]
     assert all("rollout success" in x and "policy loss" in x for x in lines)
     assert "Writing model shards" not in full.stderr and "Loading weights" not in full.stderr
