@@ -45,10 +45,9 @@ def setting_rows(config: TrainConfig) -> list[tuple[str, str, str]]:
          "mean_norm" if webshop else "mean_std_norm"),
         ("WebShop data and splits" if webshop else "evaluation split",
          (f"catalogue {env.kwargs.get('catalog') or 'generated'}, train split "
-          f"{env.kwargs.get('split')}") if webshop else str(env.eval_kwargs.get("split")),
+          f"{env.kwargs.get('split')}") if webshop else _eval_split(env.eval_kwargs),
          "items_shuffle_1000.json, train = goals 500+" if webshop else "valid_seen"),
-        ("evaluation during training", f"{env.eval_episodes} episodes every {c.eval_every} "
-                                       f"iterations, temperature {c.model.eval_temperature:g}",
+        ("evaluation during training", _eval_text(c),
          "128 episodes every 5 iterations, temperature 0.4"),
         ("rollouts and weights", _rollout_text(config),
          "vLLM, full fine-tuning (weights synced in process)"),
@@ -56,6 +55,23 @@ def setting_rows(config: TrainConfig) -> list[tuple[str, str, str]]:
                     f"no-history template at step 0), history {env.history_length}",
          "its templates, history 2, no-history template at step 0"),
     ]
+
+
+def _eval_split(kwargs: dict) -> str:
+    """The held-out tasks in a few words: a split's name, or generated games' spec."""
+    if "split" in kwargs:
+        return str(kwargs["split"])
+    made = kwargs.get("generate")
+    if isinstance(made, dict):
+        return f"{made.get('count')} generated games from seed {made.get('seed')}"
+    return "the env's own tasks (no split named)"
+
+
+def _eval_text(config: TrainConfig) -> str:
+    if not config.eval_every:
+        return "none (eval_every: 0)"
+    return (f"{config.env.eval_episodes} episodes every {config.eval_every} iterations, "
+            f"temperature {config.model.eval_temperature:g}")
 
 
 def _rollout_text(config: TrainConfig) -> str:
