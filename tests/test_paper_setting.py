@@ -232,16 +232,17 @@ def test_paper_config_dry_run_shows_verl_agents_setting():
 
 def test_the_setting_table_names_generated_held_out_games_and_no_evaluation():
     """A run on generated games names them as its held-out split, and eval_every 0 reads
-    as no evaluation (not "every 0 iterations")."""
+    as the final evaluation only (not "every 0 iterations")."""
     from gaca_agent.analysis.setting import setting_rows
     from gaca_agent.config import load_config
 
     path = ROOT / "gaca_agent/configs/cpu_lm/textworld.yaml"
     rows = {name: ours for name, ours, _ in setting_rows(load_config(path))}
     assert rows["evaluation split"] == "32 generated games from seed 1000000"
-    assert rows["evaluation during training"] == "32 episodes every 5 iterations, temperature 0.4"
+    assert rows["evaluation during training"] == "32 episodes, temperature 0.4, every 5 iterations"
     rows = {name: ours for name, ours, _ in setting_rows(load_config(path, ["eval_every=0"]))}
-    assert rows["evaluation during training"] == "none (eval_every: 0)"
+    assert rows["evaluation during training"] == (
+        "the final weights only (eval_every: 0), 32 episodes, temperature 0.4")
     alfworld = load_config(ROOT / "gaca_agent/configs/cpu_lm/alfworld.yaml")
     assert dict((n, o) for n, o, _ in setting_rows(alfworld))["evaluation split"] == (
         alfworld.env.eval_kwargs["split"])

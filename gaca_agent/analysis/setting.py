@@ -48,7 +48,7 @@ def setting_rows(config: TrainConfig) -> list[tuple[str, str, str]]:
           f"{env.kwargs.get('split')}") if webshop else _eval_split(env.eval_kwargs),
          "items_shuffle_1000.json, train = goals 500+" if webshop else "valid_seen"),
         ("evaluation during training", _eval_text(c),
-         "128 episodes every 5 iterations, temperature 0.4"),
+         "128 episodes, temperature 0.4, every 5 iterations"),
         ("rollouts and weights", _rollout_text(config),
          "vLLM, full fine-tuning (weights synced in process)"),
         ("prompts", f"{env.template_file or 'built-in'} templates (verl-agent's structure: "
@@ -68,10 +68,12 @@ def _eval_split(kwargs: dict) -> str:
 
 
 def _eval_text(config: TrainConfig) -> str:
+    """How often and how: eval_every 0 leaves only the final weights' evaluation."""
+    how = (f"{config.env.eval_episodes} episodes, temperature "
+           f"{config.model.eval_temperature:g}")
     if not config.eval_every:
-        return "none (eval_every: 0)"
-    return (f"{config.env.eval_episodes} episodes every {config.eval_every} iterations, "
-            f"temperature {config.model.eval_temperature:g}")
+        return f"the final weights only (eval_every: 0), {how}"
+    return f"{how}, every {config.eval_every} iterations"
 
 
 def _rollout_text(config: TrainConfig) -> str:
