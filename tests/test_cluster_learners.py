@@ -147,6 +147,8 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
     ray_pool.connect(ClusterSection(backend="ray", address="ray://head:10001"), True)
     monkeypatch.setenv(ADDRESS_VAR, "127.0.0.1:6379")  # a launcher's Ray on loopback
     ray_pool.connect(ClusterSection(backend="ray"))
+    for loopback in ("ray://127.0.0.1:10001", "[::1]:6379"):  # a client's, IPv6's
+        ray_pool.connect(ClusterSection(backend="ray", address=loopback))
     monkeypatch.delenv(ADDRESS_VAR)
     ray_pool.connect(ClusterSection(backend="ray", object_store_mb=100))
     assert joined == [
@@ -154,15 +156,18 @@ def test_a_rank_joins_its_launchers_cluster(monkeypatch):
         {"address": "ray://head:10001", "log_to_driver": True, "loopback": False},
         # joined as loopback: Ray would rewrite 127.0.0.1 to the default route's address
         {"address": "127.0.0.1:6379", "log_to_driver": False, "loopback": True},
+        {"address": "ray://127.0.0.1:10001", "log_to_driver": False, "loopback": True},
+        {"address": "[::1]:6379", "log_to_driver": False, "loopback": True},
         # a Ray started here: its object store as asked, no dashboard, quiet actors, on
         # loopback (and Ray's own flag as it was, after)
         {"address": "local", "object_store_memory": 100 << 20, "include_dashboard": False,
          "log_to_driver": False, "loopback": True}]
     assert constants.ENABLE_RAY_CLUSTER
-    assert checked == ["10.0.0.1:6379", "ray://head:10001", "127.0.0.1:6379"]  # tried first
+    assert checked == ["10.0.0.1:6379", "ray://head:10001", "127.0.0.1:6379",
+                       "ray://127.0.0.1:10001", "[::1]:6379"]  # each tried first
     fake.is_initialized = lambda: True  # once per process
     ray_pool.connect(ClusterSection(backend="ray"))
-    assert len(joined) == 4
+    assert len(joined) == 6
 
 
 def test_a_cluster_address_that_nothing_holds_fails_in_seconds_in_one_line(monkeypatch):
