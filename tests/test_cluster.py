@@ -529,6 +529,29 @@ def test_a_server_that_exits_or_never_answers_is_one_line_without_its_key(tmp_pa
     assert gone_within([int(silent.read_text())], 60), "the silent server was left running"
 
 
+def test_a_health_check_of_a_server_that_takes_connections_but_never_answers_ends():
+    """A starting server whose port takes connections but never answers (a server stuck
+    in its start-up): one health check says "not healthy" after its own deadline, so
+    the start's deadline (cluster.server_start_timeout_s) is kept; without one it waits
+    forever."""
+    import socket
+    import threading
+
+    from gaca_agent.cluster.servers import ServerActor
+
+    listener = socket.create_server(("127.0.0.1", 0))  # listens, never accepts or answers
+    actor = ServerActor.__new__(ServerActor)  # its check alone, no process started
+    actor.host, actor.port, actor.api_key = "127.0.0.1", listener.getsockname()[1], None
+    said = []
+    check = threading.Thread(target=lambda: said.append(actor._healthy()), daemon=True)
+    try:
+        check.start()
+        check.join(60)
+        assert said == [False], "the health check of a silent server did not end"
+    finally:
+        listener.close()
+
+
 HEALTH_SERVER = """
 import http.server, os, sys
 host, port, flag, seen = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
