@@ -101,3 +101,33 @@ def test_a_server_that_ignores_sigterm_is_killed_after_stops_timeout():
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def test_a_lost_actors_server_is_given_its_grace_to_shut_down(tmp_path):
+    """When the actor is lost (here its anchor process is killed), the server is asked to
+    stop (SIGTERM) and given the reaper's grace before the group is SIGKILLed: a server
+    that takes half a second to shut down cleanly finishes doing so."""
+    from gaca_agent.cluster import reaper
+
+    done = tmp_path / "done"
+    server = reaper.start([sys.executable, "-c",
+                           "import os, signal, sys, time\n"
+                           "def bye(*_):\n"
+                           "    time.sleep(0.5)\n"
+                           "    open(sys.argv[1], 'w').write('clean')\n"
+                           "    sys.exit(0)\n"
+                           "signal.signal(signal.SIGTERM, bye)\n"
+                           "print(os.getpid(), flush=True)\n"
+                           "time.sleep(600)", str(done)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(server.stdout.readline())
+        os.kill(server.pid, signal.SIGKILL)  # the anchor: as when its actor dies
+        server.wait()
+        assert gone_within([pid], 60), "the server outlived its actor"
+        assert done.exists() and done.read_text() == "clean", \
+            "the server was killed before its shutdown finished"
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
