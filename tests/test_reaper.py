@@ -127,7 +127,4 @@ def test_a_lost_actors_server_is_given_its_grace_to_shut_down(tmp_path):
         assert done.exists() and done.read_text() == "clean", \
             "the server was killed before its shutdown finished"
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        reaper._signal_group(server.pid, signal.SIGKILL)  # what is left, if anything
