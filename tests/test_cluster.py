@@ -36,13 +36,18 @@ def test_a_ray_started_for_a_run_listens_on_loopback_only():
             "no node has {'CPU': 64.0}")
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
         assert ray.get(ray.remote(ray.util.get_node_ip_address).remote()) == "127.0.0.1"
-        services = {p.pid for p in psutil.process_iter(["name"])
-                    if p.info["name"] in ("gcs_server", "raylet")}
-        bound = {c.laddr.ip for c in psutil.net_connections("inet")
-                 if c.pid in services and c.status == psutil.CONN_LISTEN}
+        # this Ray's own services (another Ray may run beside it on this machine): the
+        # GCS listening on its address's port, the raylet of this node
+        context = ray.get_runtime_context()
+        gcs_port = int(context.gcs_address.rsplit(":", 1)[1])
+        listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        services = {c.pid for c in listening if c.laddr.port == gcs_port} | {
+            p.pid for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "raylet"
+            and f"--node_id={context.get_node_id()}" in (p.info["cmdline"] or [])}
+        bound = {c.laddr.ip for c in listening if c.pid in services}
     finally:
         ray.shutdown()
-    assert bound and bound <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, bound
+    assert len(services) == 2 and bound <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, bound
 
 
 def test_an_actor_killed_mid_collection_is_replaced_and_its_episodes_replayed():
