@@ -34,11 +34,11 @@ def test_a_ray_started_for_a_run_listens_on_loopback_only():
         assert check_placement(ClusterSection(backend="ray", env_cpus=64), 1).startswith(
             "2 env actors (1 per collector, 2 collectors per learner process, 1 process): "
             "no node has {'CPU': 64.0}")
-        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        context = ray.get_runtime_context()
+        assert context.gcs_address.startswith("127.0.0.1:")
         assert ray.get(ray.remote(ray.util.get_node_ip_address).remote()) == "127.0.0.1"
         # this Ray's own services (another Ray may run beside it on this machine): the
         # GCS listening on its address's port, the raylet of this node
-        context = ray.get_runtime_context()
         gcs_port = int(context.gcs_address.rsplit(":", 1)[1])
         listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN]
         services = {c.pid for c in listening if c.laddr.port == gcs_port} | {
