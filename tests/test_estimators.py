@@ -316,3 +316,20 @@ def test_calibrated_credit_shrinks_a_rare_lucky_action_and_keeps_a_decisive_one(
         [lucky.action, decisive.action]))
     weights = compute("spread", both, details=True, gamma=1.0, norm="mean")[2]["weight"]
     assert weights[16] > 1.0 > weights[0]  # the decisive anchor above the lucky one
+
+
+def test_the_group_filter_keeps_exactly_the_groups_whose_returns_differ():
+    from gaca_agent.advantages.batch import rows_of_groups_with_spread
+
+    # group 9: returns 1 and 0 (kept); group 4: partial scores 0.75 and 0.5 (kept);
+    # group 2: both 0, differing only in a row penalty (alike: left out)
+    batch = StepBatch(group=[9, 9, 9, 4, 4, 4, 2, 2], traj=[0, 0, 1, 2, 2, 3, 4, 5],
+                      t=[0, 1, 0, 0, 1, 0, 0, 0], reward=[0, 1, 0, 0.25, 0.5, 0.5, 0, 0],
+                      state=[0] * 8, penalty=[0, 0, 0, 0, 0, 0, -0.1, 0])
+    keep = rows_of_groups_with_spread(batch)
+    assert keep.tolist() == [True] * 6 + [False] * 2
+    won_alike = StepBatch(group=[1, 1, 1], traj=[0, 0, 1], t=[0, 1, 0], reward=[0, 1, 1],
+                          state=[0, 1, 0])
+    assert not rows_of_groups_with_spread(won_alike).any()  # both returned 1, by 2 routes
+    empty = StepBatch(group=[], traj=[], t=[], reward=[], state=[])
+    assert rows_of_groups_with_spread(empty).shape == (0,)

@@ -300,6 +300,10 @@ def test_iteration_lines_and_quiet_libraries():
                                         "adv/zero_variance_groups": 1.0}, 1.0)
     assert flat.splitlines()[0].endswith("groups alike 100%, 1.0 s")
     assert "no episode-level advantage this iteration" in flat.splitlines()[1]
+    assert "no update" not in flat  # the update still ran (step-level terms, the KL)
+    skipped = iteration_line("run", 0, 8, {"adv/zero_variance_groups": 1.0,
+                                           "train/filtered_rows_frac": 1.0}, 1.0)
+    assert "algo.filter_groups left every row out: no update" in skipped
     assert "\n" not in iteration_line("run", 0, 8, {"adv/zero_variance_groups": 0.875}, 1.0)
     hf_logging.enable_progress_bar()
     quiet_libraries()

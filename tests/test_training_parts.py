@@ -148,11 +148,51 @@ def test_estimate_on_one_rank_is_the_registry_on_the_whole_table(anchor, similar
     cfg = load_config(None, ["algo.estimator=gigpo", f"algo.anchor={anchor}"])
     if similarity is not None:  # GiGPO's similarity grouping reads the observation texts
         cfg.algo.params["similarity"] = similarity
-    adv, diag, weight = estimate(Accelerator(cpu=True), cfg, table)
+    adv, diag, weight, kept = estimate(Accelerator(cpu=True), cfg, table)
     scalars = table.scalars(with_observation=similarity is not None, anchor=anchor)
     expected, _, rows = compute("gigpo", step_batch(scalars), details=True, **cfg.algo.params)
     assert np.array_equal(adv, expected) and np.array_equal(weight, rows["weight"])
     assert len(adv) == len(table) and diag
+    assert kept.mask.all() and kept.total == len(table)  # no filter unless asked
+
+
+class RecordingLearner:
+    def __init__(self):
+        self.calls = []
+
+    def update(self, table, adv):
+        self.calls.append((np.asarray(table["group"]).copy(), np.asarray(adv).copy()))
+        return {"train/tokens": 1.0, "train/opt_steps": 1.0}
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_the_group_filter_trains_only_on_groups_whose_episodes_returned_differently(
+        filtered, fresh_accelerate):
+    from accelerate import Accelerator
+
+    from gaca_agent.training.ranks import train_on
+
+    table = collected([(0, 5), (1, 6)], 4).training_table()
+    group, traj = np.asarray(table["group"]), np.asarray(table["traj"])
+    reward = np.zeros(len(table))
+    reward[np.flatnonzero(traj == traj[group == 0][0])[-1]] = 1.0  # one of group 0's wins
+    table = table.with_columns(reward=reward)
+    cfg = load_config(None, ["algo.estimator=gigpo", f"algo.filter_groups={filtered}"])
+    adv, _, _, kept = estimate(Accelerator(cpu=True), cfg, table)
+    learner = RecordingLearner()
+    metrics = train_on(learner, table, adv, kept)
+    (groups, trained_adv), = learner.calls
+    expected = group == 0 if filtered else np.ones(len(table), dtype=bool)
+    assert np.array_equal(groups, group[expected]) and np.array_equal(trained_adv, adv[expected])
+    assert metrics["train/filtered_rows_frac"] == pytest.approx(1 - expected.mean())
+
+    # every group alike: no update at all (Adam's momentum would move the weights)
+    flat = table.with_columns(reward=np.zeros(len(table)))
+    adv, _, _, kept = estimate(Accelerator(cpu=True), cfg, flat)
+    metrics = train_on(learner, flat, adv, kept)
+    assert len(learner.calls) == (1 if filtered else 2)
+    if filtered:
+        assert metrics["train/opt_steps"] == 0 and metrics["train/filtered_rows_frac"] == 1.0
 
 
 # ------------------------------------------------------------------ the weight sync

@@ -134,3 +134,20 @@ def prepare(batch: StepBatch) -> Prepared:
         state=arrays["state"], anchor=pair_ids(group, factorize(arrays["state"])),
         episode_return=np.bincount(traj, weights=reward, minlength=n_traj), penalty=penalty,
         batch=batch)
+
+
+def rows_of_groups_with_spread(batch: StepBatch) -> np.ndarray:
+    """True for each row whose task group's trajectories did not all earn the same return
+    R_i, shape (n,) bool: DAPO's filter of "dynamic sampling", which trains only on groups
+    whose outcomes differ. A group whose episodes all returned alike has no episode-level
+    advantage; its rows would add only step-level credit (which GiGPO gives a group that
+    won every episode by different routes) and the KL term's cost. Row penalties are not
+    part of R_i, so a group that differs only in them counts as alike."""
+    p = prepare(batch)
+    if p.n == 0:
+        return np.zeros(0, dtype=bool)
+    n_groups = p.n_groups
+    high, low = np.full(n_groups, -np.inf), np.full(n_groups, np.inf)
+    np.maximum.at(high, p.traj_group, p.episode_return)
+    np.minimum.at(low, p.traj_group, p.episode_return)
+    return (high > low)[p.group]

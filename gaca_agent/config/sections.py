@@ -114,6 +114,10 @@ class AlgoSection:
     anchor: Literal["state", "observation"] = "state"
     """Anchor states of step-level estimators: ``state`` (ours) the canonical state key;
     ``observation`` (GiGPO's/verl-agent's) the exact observation text."""
+    filter_groups: bool = False
+    """Train only on the task groups whose episodes' returns differ (DAPO's filter; the
+    estimator still sees every group). The others' rows are neither forwarded nor put in
+    the KL term; ``train/filtered_rows_frac`` says how many were left out."""
 
 
 @dataclass(frozen=True)

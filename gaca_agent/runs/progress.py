@@ -48,6 +48,8 @@ def iteration_line(name: str, it: int, total: int, metrics: Mapping[str, float],
         line += ("\n  every task group's episodes returned alike: no episode-level advantage "
                  "this iteration (step-level terms see only how long they took); sample at "
                  "a higher model.temperature, or larger or harder groups")
+        if metrics.get("train/filtered_rows_frac") == 1.0:
+            line += " (algo.filter_groups left every row out: no update)"
     return line
 
 

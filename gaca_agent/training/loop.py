@@ -27,7 +27,8 @@ from gaca_agent.training.held_out import HeldOut
 from gaca_agent.training.producer import (Batch, Lockstep, Producer, Schedule, load_ahead,
                                           save_ahead)
 from gaca_agent.training.ranks import (estimate, globalize, iteration_tasks, param_digest,
-                                       rank_share, reduce_sums, rollout_metrics, rollout_sums)
+                                       rank_share, reduce_sums, rollout_metrics, rollout_sums,
+                                       train_on)
 from gaca_agent.training.records import episode_records, write_train_report
 from gaca_agent.training.sync import WeightSync
 
@@ -227,8 +228,8 @@ def learn(run: Run, it: int, batch: Batch, t0: float) -> dict[str, float]:
     the update. Then the plumbing: publish the weights, observe, persist."""
     table, dropped = run.source.train_table(batch, partial(seed_update, run))
     t1 = time.perf_counter()
-    adv, diag, weight = estimate(run.acc, run.cfg, table)
-    metrics = run.learner.update(table, adv)
+    adv, diag, weight, kept = estimate(run.acc, run.cfg, table)
+    metrics = train_on(run.learner, table, adv, kept)
     t_update = time.perf_counter() - t1
     metrics["perf/tokens_per_s"] = metrics["train/tokens"] / max(t_update, 1e-9)
     metrics.update(publish(run, it + 1))

@@ -1,8 +1,11 @@
 """An iteration spread over the ranks and gathered back: its task groups, each rank's
-share, rank-global ids, the advantages over every rank's rows, the rollout metrics summed
-over ranks; a hash of a model state that ranks in sync agree on."""
+share, rank-global ids, the advantages over every rank's rows and the rows the update
+trains on, the rollout metrics summed over ranks; a hash of a model state that ranks in
+sync agree on."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,19 +73,48 @@ def rollout_metrics(s: dict[str, float], prefix: str = "rollout") -> dict[str, f
 
 def estimate(acc, cfg: TrainConfig, table):
     """Advantages of this rank's rows, computed on the gathered scalar columns of every
-    rank (group statistics span ranks); returns (advantages, diagnostics, step weights)."""
+    rank (group statistics span ranks); returns (advantages, diagnostics, step weights,
+    the rows to train on: every row, or with ``algo.filter_groups`` those of the groups
+    whose returns differ, the same choice on every rank)."""
     from accelerate.utils import gather_object
 
     from gaca_agent.advantages import compute
+    from gaca_agent.advantages.batch import rows_of_groups_with_spread
     from gaca_agent.steps import StepTable, step_batch
 
     needs_text = cfg.algo.params.get("similarity") is not None
     parts = gather_object([table.scalars(with_observation=needs_text, anchor=cfg.algo.anchor)])
     batch = step_batch(StepTable.concat(parts))
     adv, diag, rows = compute(cfg.algo.estimator, batch, details=True, **cfg.algo.params)
+    keep = (rows_of_groups_with_spread(batch) if cfg.algo.filter_groups
+            else np.ones(len(adv), dtype=bool))
     start = sum(len(p) for p in parts[:acc.process_index])
     mine = slice(start, start + len(table))
-    return adv[mine], diag, rows["weight"][mine]
+    return adv[mine], diag, rows["weight"][mine], Kept(keep[mine], int(keep.sum()), len(keep))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The rows an update trains on: this rank's mask, and the count over every rank."""
+
+    mask: np.ndarray
+    total: int
+    of: int
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return {"train/filtered_rows_frac": 1.0 - self.total / max(self.of, 1)}
+
+
+def train_on(learner, table, adv, kept: Kept) -> dict[str, float]:
+    """The update on the kept rows; none when no rank kept one (an optimizer step on no
+    gradient would still move the weights by Adam's momentum)."""
+    if kept.total == 0:
+        return {"train/tokens": 0.0, "train/opt_steps": 0.0, **kept.metrics}
+    if kept.total < kept.of:
+        rows = np.flatnonzero(kept.mask)
+        table, adv = table.take(rows), adv[rows]
+    return {**learner.update(table, adv), **kept.metrics}
 
 
 def param_digest(state: dict) -> str:
