@@ -331,5 +331,11 @@ def test_the_group_filter_keeps_exactly_the_groups_whose_returns_differ():
     won_alike = StepBatch(group=[1, 1, 1], traj=[0, 0, 1], t=[0, 1, 0], reward=[0, 1, 1],
                           state=[0, 1, 0])
     assert not rows_of_groups_with_spread(won_alike).any()  # both returned 1, by 2 routes
+    # equal partial returns are alike to the filter and to the logged "groups alike" both
+    # (a std over them is 1e-17, not 0)
+    tenths = StepBatch(group=[0, 0, 0], traj=[0, 1, 2], t=[0, 0, 0], reward=[0.1] * 3,
+                       state=[0] * 3)
+    assert not rows_of_groups_with_spread(tenths).any()
+    assert compute("grpo", tenths)[1]["zero_variance_groups"] == 1.0
     empty = StepBatch(group=[], traj=[], t=[], reward=[], state=[])
     assert rows_of_groups_with_spread(empty).shape == (0,)

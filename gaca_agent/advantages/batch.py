@@ -90,6 +90,14 @@ class Prepared:
         (if any), shape (n,)."""
         return discounted_reverse_cumsum(self.reward, self.traj, self.t, gamma) + self.penalty
 
+    def group_spread(self) -> np.ndarray:
+        """Per task group, whether its trajectories' returns R_i are not all exactly
+        equal (row penalties are not part of R_i), shape (n_groups,) bool."""
+        high, low = np.full(self.n_groups, -np.inf), np.full(self.n_groups, np.inf)
+        np.maximum.at(high, self.traj_group, self.episode_return)
+        np.minimum.at(low, self.traj_group, self.episode_return)
+        return high > low
+
     def row_scores(self) -> np.ndarray:
         """Each row's episode score R_i + penalty, shape (n,)."""
         return self.episode_return[self.traj] + self.penalty
@@ -144,10 +152,4 @@ def rows_of_groups_with_spread(batch: StepBatch) -> np.ndarray:
     won every episode by different routes) and the KL term's cost. Row penalties are not
     part of R_i, so a group that differs only in them counts as alike."""
     p = prepare(batch)
-    if p.n == 0:
-        return np.zeros(0, dtype=bool)
-    n_groups = p.n_groups
-    high, low = np.full(n_groups, -np.inf), np.full(n_groups, np.inf)
-    np.maximum.at(high, p.traj_group, p.episode_return)
-    np.minimum.at(low, p.traj_group, p.episode_return)
-    return (high > low)[p.group]
+    return p.group_spread()[p.group]

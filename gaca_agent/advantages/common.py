@@ -11,7 +11,7 @@ import numpy as np
 
 from gaca_agent.advantages.batch import Prepared
 from gaca_agent.advantages.stats import (Norm, factorize, normalize_in_segments, pair_ids,
-                                         safe_corr, segment_count, segment_std)
+                                         safe_corr, segment_count)
 
 EpisodeStats = Literal["trajectories", "steps"]
 
@@ -117,7 +117,6 @@ def diagnostics(p: Prepared, anchor: np.ndarray | None = None,
     size = segment_count(anchor)
     weight = np.zeros(p.n) if weight is None else np.broadcast_to(weight, (p.n,))
     step_adv = np.zeros(p.n) if step_adv is None else step_adv
-    spread = segment_std(p.episode_return, p.traj_group, ddof=0)
     return {
         "row/weight": np.asarray(weight, dtype=np.float64),
         "row/step_adv": np.asarray(step_adv, dtype=np.float64),
@@ -126,5 +125,5 @@ def diagnostics(p: Prepared, anchor: np.ndarray | None = None,
         "weight_mean": float(weight.mean()),
         "weight_std": float(weight.std()),
         "weight_step_corr": safe_corr(weight, np.abs(step_adv)),
-        "zero_variance_groups": float(np.mean(spread == 0)),
+        "zero_variance_groups": float(np.mean(~p.group_spread())),
     }
