@@ -55,6 +55,10 @@ def test_a_leaderboard_rows_every_policy_on_the_same_tasks(tmp_path):
     text = out.read_text()
     tables = text.split("\n## ")[1:]
     assert len(tables) == 2
+    # the same env and kwargs on other tasks: two headings a reader (and a link) can tell apart
+    assert sorted(t.splitlines()[0] for t in tables) == [
+        "gaca/Diag-Signs-v0 (split=test): 8 episodes from seed 0",
+        "gaca/Diag-Signs-v0 (split=test): 8 episodes from seed 10000"]
     same = next(t for t in tables if "seed 10000" in t)
     lines = [line.split(" | ") for line in same.splitlines()
              if line.startswith("| ") and "---" not in line][1:]

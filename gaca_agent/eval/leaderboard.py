@@ -151,9 +151,13 @@ def markdown(rows: list[Row]) -> str:
     for row in rows:
         tables.setdefault(row.protocol, []).append(row)
     lines = []
+    heads = [(env, kwargs) for env, kwargs, _, _ in tables]
     for (env, kwargs, episodes, seed), members in tables.items():
         shown = ", ".join(f"{k}={v}" for k, v in kwargs) or "defaults"
-        lines += [f"## {env} ({shown})", "",
+        head = f"## {env} ({shown})"
+        if heads.count((env, kwargs)) > 1:  # the same suite on other tasks: its own heading
+            head += f": {episodes} episodes from seed {seed}"
+        lines += [head, "",
                   f"{episodes} episodes, episode i with seed {seed} + i (the same tasks for "
                   "every row).", "",
                   "| policy | success (Wilson 95%) | mean score | format-invalid | "
