@@ -30,13 +30,16 @@ def quests(folder):
 
 @needs_textworld
 def test_a_spec_makes_the_same_games_anywhere_and_game_i_is_seed_plus_i(tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, capsys):
     first = generated.generated_games(SPEC, root=tmp_path / "a")
+    # minutes of work at a run's start say what they are doing, once
+    assert f"making 2 TextWorld games into {first}" in capsys.readouterr().err
     assert sorted(p.name for p in first.glob("*.z8")) == ["game-0.z8", "game-1.z8"]
     assert json.loads((first / "spec.json").read_text()) == SPEC
     with monkeypatch.context() as patch:  # a second use makes nothing
         patch.setattr(generated, "make_one", lambda *a: pytest.fail("made again"))
         assert generated.generated_games(SPEC, root=tmp_path / "a") == first
+    assert "making" not in capsys.readouterr().err
     again = generated.generated_games(SPEC, root=tmp_path / "b")  # another machine
     assert quests(again) == quests(first)
     shifted = generated.generated_games({**SPEC, "seed": 6}, root=tmp_path / "a")

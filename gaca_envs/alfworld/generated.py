@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -67,6 +68,17 @@ def make_one(path: Path, seed: int, rooms: int, objects: int, quest_length: int)
     return Path(generator.compile_game(generator.make_game(options), options))
 
 
+def _counted(count: int, folder: Path):
+    """range(count), said on stderr: one line when the games are made (about 2 s a game
+    on a CPU core: minutes before a run's first row), and a bar on a terminal."""
+    from tqdm import tqdm
+
+    print(f"making {count} TextWorld games into {folder} (once; they are reused)",
+          file=sys.stderr, flush=True)
+    return tqdm(range(count), desc="TextWorld games", unit="game", file=sys.stderr,
+                disable=None, leave=False)
+
+
 def generated_games(spec: Mapping[str, Any], root: Path | None = None) -> Path:
     """The folder holding the spec's games, made first if it is not there yet."""
     full = full_spec(spec)
@@ -77,7 +89,7 @@ def generated_games(spec: Mapping[str, Any], root: Path | None = None) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
         width = len(str(full["count"] - 1))
-        for i in range(full["count"]):
+        for i in _counted(full["count"], folder):
             make_one(scratch / f"game-{i:0{width}d}.z8", full["seed"] + i, full["rooms"],
                      full["objects"], full["quest_length"])
         for source in scratch.glob("*.ni"):  # Inform's source; the .json is the game's
