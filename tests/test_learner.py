@@ -270,6 +270,72 @@ def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
     assert max(float((p_s[k] - p_a[k]).abs().max()) for k in p_a) < 1e-4
 
 
+def test_identical_rows_are_found_by_their_token_ids():
+    import numpy as np
+
+    from gaca_agent.learner.batch import PAD, identical_rows, with_kin
+    from gaca_agent.steps import StepTable
+
+    table = StepTable.from_tokens([[1, 2], [1, 2], [1, 2, 3], [1, 2], [1, 2]],
+                                  [[5], [5], [5], [6], [5]], [[-1.0], [-2.0], [-1.0], [-1.0],
+                                                              [-3.0]])
+    kin = identical_rows(table, np.array([4, 0, 1, 2, 3]))
+    # the same prompt and completion; a longer prompt or another answer is another row
+    assert {k: v.tolist() for k, v in kin.items()} == {4: [4, 0, 1], 2: [2], 3: [3]}
+    rows, index = with_kin(np.array([3, 4, PAD]), kin)
+    assert rows.tolist() == [3, 4, 0, 1, PAD] and index.tolist() == [0, 1, 1, 1, 2]
+
+
+def test_rows_of_the_same_ids_are_forwarded_once_and_the_update_is_unchanged(
+        tiny_model_path, monkeypatch):
+    """A group's episodes that act alike give rows of the same prompt and completion: the
+    update forwards each such pair once (the recompute, the reference and the policy
+    pass) and lets the loss see every row with its own advantage and importance weight,
+    so the parameters move as when every row is forwarded on its own."""
+    import numpy as np
+
+    from gaca_agent.learner import core
+    from gaca_agent.steps import StepTable
+
+    seen = {}
+    for name in ("once", "each"):
+        if name == "each":
+            monkeypatch.setattr(core, "identical_rows",
+                                lambda table, rows: {int(i): np.asarray([i]) for i in rows})
+        learner, tok = make_learner(tiny_model_path, micro_batch_size=2, mini_batch_rows=4,
+                                    old_logprobs="recompute", tis_cap=1.2, log_entropy=True)
+        base, adv = samples(tok, n=5)
+        prompts = [base["prompt_ids"][i] for i in (0, 1, 2, 3, 4, 0, 0, 2)]
+        comps = [base["completion_ids"][i] for i in (0, 1, 2, 3, 4, 0, 0, 2)]
+        lps = [np.asarray(base["logprobs"][i]) - 0.3 * k
+               for k, i in enumerate((0, 1, 2, 3, 4, 0, 0, 2))]  # own behaviour log-probs
+        table = StepTable.from_tokens(prompts, comps, lps)
+        advantages = np.array([0.9, -0.4, 0.5, 0.2, -0.7, -0.8, 0.3, 0.6])
+        rows = []
+        forward = learner._logprobs
+
+        def counting(model, batch, *a, _f=forward, _rows=rows):
+            _rows.append(int((batch["mask"].sum(1) > 0).sum()))
+            return _f(model, batch, *a)
+
+        learner._logprobs = counting
+        grads = capture_grads(learner)
+        metrics = learner.update(table, advantages)
+        seen[name] = (sum(rows), grads, params(learner.unwrapped), metrics)
+    (n_once, g_once, p_once, m_once), (n_each, g_each, p_each, m_each) = seen["once"], seen["each"]
+    # the recompute over all 8 rows: 5 distinct pairs; the reference and policy passes
+    # over mini-batches [0-3] and [4-7]: 4 + 3 distinct pairs; against 8 rows three times
+    assert (n_once, n_each) == (5 + 2 * (4 + 3), 3 * 8)
+    assert m_once["train/shared_rows_frac"] == pytest.approx(1 / 8)
+    assert m_each["train/shared_rows_frac"] == 0.0
+    for key in ("train/tokens", "losses/policy", "losses/kl", "losses/clip_frac",
+                "losses/entropy", "train/is_ratio_mean", "train/rollout_logprob_gap"):
+        assert m_once[key] == pytest.approx(m_each[key], rel=1e-5, abs=1e-9), key
+    assert set(g_once) == set(g_each)
+    assert all(torch.allclose(g_once[k], g_each[k], rtol=1e-4, atol=1e-7) for k in g_each)
+    assert max(float((p_once[k] - p_each[k]).abs().max()) for k in p_each) < 1e-4
+
+
 def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tiny_model_path):
     pytest.importorskip("peft")
     learner, tok = make_learner(tiny_model_path, lora_r=4, lora_targets=("q_proj", "v_proj"))

@@ -39,6 +39,35 @@ def rows_with_gradient(table, rows: np.ndarray, policy_loss_only: bool) -> np.nd
     return rows[np.asarray(table["advantage"])[rows] != 0]
 
 
+def identical_rows(table, rows: np.ndarray) -> dict[int, np.ndarray]:
+    """The rows of ``rows`` by their token ids: for the first row of each distinct
+    (prompt, completion) pair, every row of ``rows`` with the same pair (itself first), in
+    the order of ``rows``. A forward pass of the same ids gives the same log-probs, so
+    the learner forwards each pair once and lets the loss see every row with its own
+    advantage, old log-probs and weights. A group's episodes that act alike make such
+    rows (the same first prompt; the same history while they agree)."""
+    prompts, comps = table["prompt_ids"], table["completion_ids"]
+    first: dict[tuple[bytes, bytes], int] = {}
+    kin: dict[int, list[int]] = {}
+    for i in np.asarray(rows, dtype=np.int64).tolist():
+        key = (np.asarray(prompts[i], dtype=np.int64).tobytes(),
+               np.asarray(comps[i], dtype=np.int64).tobytes())
+        kin.setdefault(first.setdefault(key, i), []).append(i)
+    return {i: np.asarray(same, dtype=np.int64) for i, same in kin.items()}
+
+
+def with_kin(chunk: np.ndarray, kin: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A micro-batch of distinct rows (:func:`identical_rows`' keys, or :data:`PAD`)
+    widened to all their rows: (the rows, for each the position in ``chunk`` of the row
+    whose forward pass it shares)."""
+    rows, index = [], []
+    for b, i in enumerate(np.asarray(chunk).tolist()):
+        same = kin[i] if i != PAD else np.asarray([PAD])
+        rows.append(same)
+        index += [b] * len(same)
+    return np.concatenate(rows), np.asarray(index, dtype=np.int64)
+
+
 def pad_batch(table, rows: np.ndarray, pad_id: int, device) -> dict[str, torch.Tensor]:
     """Right-padded inputs and, for the completion tokens, their ids, old log-probs, mask
     (0 on padding and on padding rows) and the positions of the hidden states that

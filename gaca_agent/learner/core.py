@@ -6,7 +6,7 @@ log-probs) with one advantage per row, computed beforehand by the estimator regi
 the whole gathered batch. It only orchestrates: the loss maths is in :mod:`.losses`,
 memory-bounded log-probs in :mod:`.logprobs`, padding and micro-batches (rows of similar
 length together) in :mod:`.batch`. Metrics are reduced as sums and counts across
-processes, then divided.
+processes, then divided (:mod:`.metrics`).
 
 At scale (1.5B-7B) it is correct by construction:
 
@@ -21,6 +21,9 @@ At scale (1.5B-7B) it is correct by construction:
   so DDP and FSDP collectives never wait on a rank that has stopped.
 - **Sparse rows skipped exactly**: with the PPO term alone, a row of advantage 0 (no
   gradient) is neither forwarded nor recomputed (:func:`.batch.rows_with_gradient`).
+- **Identical rows forwarded once**: rows of the same prompt and completion ids (a group's
+  episodes that act alike) share one forward pass in every pass; the loss still sees
+  each row with its own advantage, old log-probs and weights (:func:`.batch.identical_rows`).
 - **Reference**: a frozen copy of the policy (the warmed-up one, :meth:`set_reference`),
   sharded like the policy under ``fsdp``; under LoRA the adapter-free base.
 - **Old log-probs**: ``rollout`` (the engine's sampled log-probs) or ``recompute`` (a
@@ -43,12 +46,14 @@ import torch
 
 from gaca_agent.learner.accelerator import check_precision, make_accelerator
 from gaca_agent.learner.logprobs import forward_token_logprobs
-from gaca_agent.learner.batch import (PAD, micro_batches, pad_batch, rows_with_gradient,
-                                      sampled_rows, split_even, with_advantages)
+from gaca_agent.learner.batch import (PAD, identical_rows, micro_batches, pad_batch,
+                                      rows_with_gradient, sampled_rows, split_even,
+                                      with_advantages, with_kin)
 from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
 from gaca_agent.learner.fsdp import clip_grad_norm, full_state, shard
 from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss
+from gaca_agent.learner.metrics import SUM_KEYS, update_metrics
 from gaca_agent.learner.rollouts import RolloutCopy, rollout_context, wanted
 
 class Learner:
@@ -215,34 +220,11 @@ class Learner:
             for mini in split_even(rows, n_mini):
                 self._step(data, mini, sums)
         extra = ("ratio_sum", "ratio_n", "truncated", "masked")
-        totals = self._global_sum([sums.get(k, 0.0) for k in _SUM_KEYS]
+        totals = self._global_sum([sums.get(k, 0.0) for k in SUM_KEYS]
                                   + [gap] + [ratio[k] for k in extra])
-        s = dict(zip(_SUM_KEYS + ("gap",) + extra, totals))
-        return self._metrics(s, ratio)
-
-    def _metrics(self, s: dict[str, float], ratio: dict[str, float]) -> dict[str, float]:
-        cfg = self.config
-        tokens = max(s["tokens"], 1.0)
-        out = {"losses/policy": s["policy"] / max(s["opt_steps"], 1.0),
-               "losses/kl": s["kl"] / tokens, "losses/clip_frac": s["clip"] / tokens,
-               "losses/grad_norm": s["grad_norm"] / max(s["opt_steps"], 1.0),
-               "train/tokens": s["tokens"], "train/opt_steps": s["opt_steps"],
-               # rows with advantage 0 and no other loss term: not forwarded (no gradient)
-               "train/skipped_rows_frac": s["skipped"] / max(s["rows"], 1.0),
-               "train/lr": self.scheduler.get_last_lr()[0]}
-        if cfg.entropy_coef > 0 or cfg.log_entropy:
-            out["losses/entropy"] = s["entropy"] / tokens
-        if cfg.old_logprobs == "recompute" and s["ratio_n"] > 0:
-            # mean |recomputed - sampled| log-prob over the tokens the engine gave one
-            # for (of the rows trained on): the rollout/learner mismatch
-            out["train/rollout_logprob_gap"] = s["gap"] / max(s["ratio_n"], 1.0)
-            # pi_learner_old / pi_rollout per token (before truncation or masking)
-            out["train/is_ratio_mean"] = s["ratio_sum"] / max(s["ratio_n"], 1.0)
-            out["train/is_ratio_max"] = self._global_max(float(ratio["ratio_max"]))
-            if cfg.correction.weighted:
-                out["train/is_truncated_frac"] = s["truncated"] / max(s["ratio_n"], 1.0)
-                out["train/is_masked_frac"] = s["masked"] / max(s["ratio_n"], 1.0)
-        return out
+        s = dict(zip(SUM_KEYS + ("gap",) + extra, totals))
+        return update_metrics(s, cfg, self.scheduler.get_last_lr()[0],
+                              self._global_max(float(ratio["ratio_max"])))
 
     def _recompute_old(self, data, rows: np.ndarray):
         """Old (proximal) log-probs from a teacher-forced pass under the current parameters
@@ -256,14 +238,15 @@ class Learner:
         comps, sampled_lp = data["completion_ids"], data["logprobs"]
         offsets = comps.offsets
         old = np.asarray(sampled_lp.values, dtype=np.float64).copy()
+        kin = identical_rows(data, rows)  # rows of the same ids: one pass
         self.model.eval()
         with torch.no_grad():
-            for chunk in self._micro(data, rows):
+            for chunk in self._micro(data, np.fromiter(kin, dtype=np.int64)):
                 batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
                 logp = self._logprobs(self.model, batch)[0].float().cpu().numpy()
                 for b, i in enumerate(chunk):
-                    if i != PAD:
-                        n, at = len(comps[i]), offsets[i]
+                    for j in (kin[i] if i != PAD else ()):
+                        n, at = len(comps[j]), offsets[j]
                         old[at:at + n] = logp[b, :n]
         picked = np.zeros(len(old), dtype=bool)  # the tokens of the trained rows
         for i in rows:
@@ -284,18 +267,20 @@ class Learner:
         denom = float(counts[0] if cfg.loss_agg == "token-mean" else counts[1])
         denom = max(denom, 1.0) / acc.num_processes  # gradients are averaged over ranks
         live = rows_with_gradient(data, mini, cfg.policy_loss_only)
+        kin = identical_rows(data, live)  # rows of the same ids share one forward pass
         # every rank runs the same number of passes; one padding pass when no row is live
         # anywhere, so the optimizer steps on zero gradients exactly as it would unskipped
-        chunks = self._micro(data, live) or [np.asarray([PAD])]
+        chunks = self._micro(data, np.fromiter(kin, dtype=np.int64)) or [np.asarray([PAD])]
         sums["tokens"] = sums.get("tokens", 0.0) + local_tokens
         sums["skipped"] = sums.get("skipped", 0.0) + float(len(mini) - len(live))
+        sums["shared"] = sums.get("shared", 0.0) + float(len(live) - len(kin))
         sums["rows"] = sums.get("rows", 0.0) + float(len(mini))
         self.optimizer.zero_grad(set_to_none=True)
         for k, chunk in enumerate(chunks):
             last = k == len(chunks) - 1
             sync = self.sharded or last or acc.num_processes == 1
             with (contextlib.nullcontext() if sync else acc.no_sync(self.model)):
-                self._accumulate(data, chunk, denom, sums)
+                self._accumulate(data, chunk, kin, denom, sums)
         norm = clip_grad_norm(self.model, cfg.max_grad_norm, self.sharded, acc)
         self.optimizer.step()
         self.scheduler.step()
@@ -303,11 +288,20 @@ class Learner:
         sums["opt_steps"] = sums.get("opt_steps", 0.0) + 1.0 / acc.num_processes
         sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) / acc.num_processes
 
-    def _accumulate(self, data, chunk: np.ndarray, denom: float, sums: dict[str, float]) -> None:
+    def _accumulate(self, data, chunk: np.ndarray, kin: dict[int, np.ndarray], denom: float,
+                    sums: dict[str, float]) -> None:
         cfg = self.config
-        batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
+        device = self.accelerator.device
+        batch = pad_batch(data, chunk, self.pad_id, device)
         want_entropy = cfg.entropy_coef > 0 or cfg.log_entropy
         logp, ent = self._logprobs(self.model, batch, want_entropy)
+        ref = self._ref_logprobs(batch) if cfg.kl_coef > 0 else None
+        rows, index = with_kin(chunk, kin)
+        if len(rows) > len(chunk):  # each row of the same ids: the loss with its own columns
+            at = torch.as_tensor(index, device=device)
+            batch = pad_batch(data, rows, self.pad_id, device)
+            logp, ent, ref = (None if t is None else t.index_select(0, at)
+                              for t in (logp, ent, ref))
         mask = batch["mask"]
         loss, clip_frac = ppo_clip_loss(
             logp, batch["old"], batch["adv"], mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg,
@@ -315,7 +309,7 @@ class Learner:
         n_tok = float(mask.sum())
         policy_part = float(loss.detach()) / self.accelerator.num_processes
         if cfg.kl_coef > 0:
-            kl = kl_penalty(logp, self._ref_logprobs(batch), cfg.kl_kind)
+            kl = kl_penalty(logp, ref, cfg.kl_kind)
             loss = loss + cfg.kl_coef * aggregate(kl, mask, cfg.loss_agg, denom)
             sums["kl"] = sums.get("kl", 0.0) + float((kl.detach() * mask).sum())
         if ent is not None:
@@ -395,6 +389,3 @@ class Learner:
         self.steps = state["steps"]
         set_rng_state(state["rng"])
 
-
-_SUM_KEYS = ("policy", "kl", "clip", "entropy", "tokens", "opt_steps", "grad_norm", "skipped",
-             "rows")
