@@ -336,6 +336,31 @@ def test_rows_of_the_same_ids_are_forwarded_once_and_the_update_is_unchanged(
     assert max(float((p_once[k] - p_each[k]).abs().max()) for k in p_each) < 1e-4
 
 
+def test_bf16_auto_is_bf16_only_on_a_cpu_that_multiplies_it_natively(tiny_model_path,
+                                                                    monkeypatch):
+    """``learner.bf16: auto`` (the cpu_lm configs'): fp32 on a CPU without AVX512-BF16 or
+    AMX, where PyTorch's bf16 products are many times slower than fp32; bf16 with its
+    rollout copy where the CPU has them. ``true`` stays bf16 anywhere, with a warning."""
+    import warnings
+
+    from gaca_agent.learner import precision
+
+    for native in (False, True):
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda native=native: native)
+        learner, _ = make_learner(tiny_model_path, bf16="auto")
+        assert learner.config.bf16 is native
+        assert (learner.rollout_copy is not None) is native
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # bf16 where it is native: nothing to warn of
+        make_learner(tiny_model_path, bf16=True)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="no bf16 matrix units .*learner.bf16=false"):
+        learner, _ = make_learner(tiny_model_path, bf16=True)
+    assert learner.config.bf16 is True and learner.rollout_copy is not None
+    with pytest.raises(ValueError, match="bf16 must be true, false or auto"):
+        make_learner(tiny_model_path, bf16="fast")
+
+
 def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tiny_model_path):
     pytest.importorskip("peft")
     learner, tok = make_learner(tiny_model_path, lora_r=4, lora_targets=("q_proj", "v_proj"))

@@ -61,6 +61,26 @@ def test_a_model_policy_in_bfloat16_samples_from_its_bfloat16_weights(tiny_model
         make_policy(f"hf:{tiny_model_path}", dtype="bf16")
 
 
+def test_bfloat16_on_a_cpu_without_bf16_units_says_it_is_slower(tiny_model_path,
+                                                                monkeypatch):
+    """On a CPU without AVX512-BF16 or AMX, bf16 is many times slower than fp32: the
+    policy still loads in bf16 as asked, and says so."""
+    import warnings
+
+    import torch
+
+    from gaca_agent.learner import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="without AVX512-BF16 or AMX.*leave dtype out"):
+        policy = make_policy(f"hf:{tiny_model_path}", dtype="bfloat16", device="cpu")
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_policy(f"hf:{tiny_model_path}", dtype="bfloat16", device="cpu")
+
+
 def test_keyed_sampling_does_not_depend_on_the_batch(tiny_model_path):
     """A turn with a sampling key gets the same response alone, in a batch of five with
     other prompts, and in another order; without keys the batch decides."""

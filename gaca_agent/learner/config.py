@@ -67,9 +67,12 @@ class LearnerConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    bf16: bool = False
+    bf16: bool | Literal["auto"] = False
     """bf16 compute (autocast; FSDP2 param dtype under ``fsdp``) with fp32 master
-    parameters and optimizer state. Applies on any device."""
+    parameters and optimizer state. ``true`` applies on any device (with a warning where
+    the device has no bf16 matrix units: there it is slower than fp32); ``auto`` is bf16
+    only where it is native (a GPU since Ampere, a CPU with AVX512-BF16 or AMX), else fp32
+    (:mod:`gaca_agent.learner.precision`)."""
     fsdp: bool = False
     """Shard policy and reference with FSDP2 (``fully_shard`` per decoder layer and the
     root); needs a multi-process launch. Rollouts gather the full parameters first."""
@@ -80,6 +83,8 @@ class LearnerConfig:
             raise ValueError(f"loss_agg must be token-mean or seq-mean-token-mean, got {self.loss_agg!r}")
         if self.kl_kind not in ("low_var_kl", "k1", "k2"):
             raise ValueError(f"kl_kind must be low_var_kl, k1 or k2, got {self.kl_kind!r}")
+        if self.bf16 not in (True, False, "auto"):
+            raise ValueError(f"bf16 must be true, false or auto, got {self.bf16!r}")
         if self.old_logprobs not in ("rollout", "recompute"):
             raise ValueError(f"old_logprobs must be rollout or recompute, got {self.old_logprobs!r}")
         if self.micro_batch_size < 1 or self.mini_batches < 1 or self.ppo_epochs < 1:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from gaca_agent.learner.config import LearnerConfig
 from gaca_agent.learner.fsdp import clip_grad_norm, full_state, shard
 from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss
 from gaca_agent.learner.metrics import SUM_KEYS, update_metrics
+from gaca_agent.learner.precision import resolve_bf16
 from gaca_agent.learner.rollouts import RolloutCopy, rollout_context, wanted
 
 class Learner:
@@ -61,9 +63,12 @@ class Learner:
 
     def __init__(self, model: Any, tokenizer: Any, config: LearnerConfig,
                  accelerator: Any = None, reference: Any = None) -> None:
-        self.config, self.tokenizer = config, tokenizer
+        self.tokenizer = tokenizer
         self.accelerator = accelerator or make_accelerator()
         check_precision(self.accelerator)
+        # bf16 as a bool from here on: auto is bf16 only on a device that computes it natively
+        config = replace(config, bf16=resolve_bf16(config.bf16, self.accelerator.device))
+        self.config = config
         if config.fsdp and self.accelerator.num_processes > 1 and \
                 self.accelerator.state.distributed_type.name.startswith("FSDP"):
             raise ValueError("learner.fsdp shards the model itself: launch with a plain "
