@@ -196,6 +196,27 @@ def test_the_warm_ups_loss_is_the_response_tokens_cross_entropy(tiny_model_path)
         assert second == pytest.approx(whole, rel=1e-4)  # the same step either way
 
 
+def test_the_warm_ups_micro_batches_hold_rows_of_similar_length(tiny_model_path):
+    """A step's rows go into micro-batches by length (each is padded to its longest
+    row), whatever order the shuffled pass drew them in."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gaca_agent.learner.warmup import behaviour_clone
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).float()
+    eos = tokenizer.eos_token_id
+    pairs = [([5] * 40, [6, eos]), ([7] * 3, [8, eos]), ([9] * 41, [10, eos]),
+             ([11] * 4, [12, eos])]
+    widths: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    behaviour_clone(model, tokenizer, pairs, steps=3, batch=4, lr=1e-3, seed=0,
+                    device=torch.device("cpu"), micro_batch=2)
+    assert widths == [6, 43] * 3  # the two short rows together, then the two long ones
+
+
 def test_a_bf16_warm_up_trains_the_weights_it_computes_with(tiny_model_path):
     """Under the learner's bf16 autocast (learner.bf16) the warm-up reaches what fp32
     reaches: each step computes with the weights the last step made. (An autocast region

@@ -48,10 +48,10 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
                     ) -> dict[str, Any]:
     """Adam on the response tokens' cross-entropy (mean over a batch's response tokens),
     batches taken from shuffled passes over the pairs (:func:`epoch_batches`), each
-    batch's gradient accumulated over micro-batches of ``micro_batch`` rows (the
-    learner's; a model's activations for 8 rows of 1,000 tokens exceed 16 GB); returns the
-    first and last losses; ``on_step(step, loss)`` after each step (progress). The
-    vocabulary's logits exist a chunk of tokens at a time
+    batch's gradient accumulated over micro-batches of ``micro_batch`` rows of similar
+    length (the learner's; a model's activations for 8 rows of 1,000 tokens exceed 16
+    GB); returns the first and last losses; ``on_step(step, loss)`` after each step
+    (progress). The vocabulary's logits exist a chunk of tokens at a time
     (:mod:`gaca_agent.learner.logprobs`). ``autocast`` (the learner's) is entered around
     each forward pass only: an autocast region caches its bf16 casts of the weights, so
     one spanning several optimizer steps would keep computing with the first step's
@@ -60,12 +60,15 @@ def behaviour_clone(model, tokenizer, pairs, steps: int, batch: int, lr: float, 
     from gaca_agent.learner.logprobs import forward_token_logprobs
 
     table = pair_table(pairs)
+    lengths = table["prompt_ids"].lengths() + table["completion_ids"].lengths()
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     step_rows = micro_batch or batch
     model.train()
     losses = []
     for chosen in epoch_batches(len(pairs), batch, steps, rng):
+        # micro-batches of rows of similar length: each is padded to its longest row
+        chosen = chosen[np.argsort(lengths[chosen], kind="stable")]
         tokens = sum(len(pairs[i][1]) for i in chosen)
         opt.zero_grad(set_to_none=True)
         total = 0.0
