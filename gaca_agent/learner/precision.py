@@ -3,9 +3,9 @@
 bf16 pays only where the hardware multiplies bf16: GPUs since Ampere, and CPUs with
 AVX512-BF16 or AMX (Intel since Cooper Lake and Sapphire Rapids; AMD since Zen 4).
 Elsewhere PyTorch computes bf16 matrix products on a reference kernel: on an AVX2 CPU
-(AMD EPYC, 2 cores) a 512 x 576 x 1536 product ran at 18 GFLOP/s in bf16 against 162 in
-fp32 (docs/benchmarks.md), so a bf16 run there is several times slower than an fp32
-one, not faster. ``learner.bf16: auto`` takes bf16 only where it is native.
+(AMD EPYC, 2 cores) a 512 x 576 x 1536 product ran at 18-19 GFLOP/s in bf16 against
+155-162 in fp32 (``benchmarks/bench_bf16_matmul.py``), so a bf16 run there is several
+times slower than an fp32 one, not faster. ``learner.bf16: auto`` takes bf16 only where it is native.
 """
 
 from __future__ import annotations
