@@ -230,6 +230,22 @@ def test_an_update_forwards_rows_of_similar_length_together(tiny_model_path):
     assert sorted(widths) == sorted(max(lengths[i:i + 2]) for i in range(0, 6, 2))
 
 
+def observed_update(learner, table, adv):
+    """One update, observed: (the rows each forward pass had, the gradients the optimizer
+    applied, the parameters after, the metrics)."""
+    rows = []
+    forward = learner._logprobs
+
+    def counting(model, batch, *a):
+        rows.append(int((batch["mask"].sum(1) > 0).sum()))
+        return forward(model, batch, *a)
+
+    learner._logprobs = counting
+    grads = capture_grads(learner)
+    metrics = learner.update(table, adv)
+    return rows, grads, params(learner.unwrapped), metrics
+
+
 @pytest.mark.parametrize("old, passes", [("rollout", 0), ("recompute", 1)])
 def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
         tiny_model_path, old, passes):
@@ -246,17 +262,7 @@ def test_rows_with_advantage_zero_are_not_forwarded_and_the_update_is_unchanged(
                                     mini_batch_rows=4, old_logprobs=old, **kw)
         table, adv = samples(tok, n=8)
         adv[[0, 1, 2, 3, 5]] = 0.0  # the first mini-batch's rows all 0
-        rows = []
-        forward = learner._logprobs
-
-        def counting(model, batch, *a, _f=forward, _rows=rows):
-            _rows.append(int((batch["mask"].sum(1) > 0).sum()))
-            return _f(model, batch, *a)
-
-        learner._logprobs = counting
-        grads = capture_grads(learner)
-        metrics = learner.update(table, adv)
-        seen[name] = (rows, grads, params(learner.unwrapped), metrics)
+        seen[name] = observed_update(learner, table, adv)
     (rows_s, g_s, p_s, m_s), (rows_a, g_a, p_a, m_a) = seen["skip"], seen["all"]
     assert sum(rows_s) == 3 * (1 + passes) and sum(rows_a) == 8 * (1 + passes)
     # a padding pass for mini-batch 1, rows 4 | 6, 7 for mini-batch 2 (and 4, 6 | 7 before)
@@ -311,18 +317,9 @@ def test_rows_of_the_same_ids_are_forwarded_once_and_the_update_is_unchanged(
                for k, i in enumerate((0, 1, 2, 3, 4, 0, 0, 2))]  # own behaviour log-probs
         table = StepTable.from_tokens(prompts, comps, lps)
         advantages = np.array([0.9, -0.4, 0.5, 0.2, -0.7, -0.8, 0.3, 0.6])
-        rows = []
-        forward = learner._logprobs
-
-        def counting(model, batch, *a, _f=forward, _rows=rows):
-            _rows.append(int((batch["mask"].sum(1) > 0).sum()))
-            return _f(model, batch, *a)
-
-        learner._logprobs = counting
-        grads = capture_grads(learner)
-        metrics = learner.update(table, advantages)
-        seen[name] = (sum(rows), grads, params(learner.unwrapped), metrics)
+        seen[name] = observed_update(learner, table, advantages)
     (n_once, g_once, p_once, m_once), (n_each, g_each, p_each, m_each) = seen["once"], seen["each"]
+    n_once, n_each = sum(n_once), sum(n_each)
     # the recompute over all 8 rows: 5 distinct pairs; the reference and policy passes
     # over mini-batches [0-3] and [4-7]: 4 + 3 distinct pairs; against 8 rows three times
     assert (n_once, n_each) == (5 + 2 * (4 + 3), 3 * 8)
