@@ -22,6 +22,10 @@ temperature 1). An update is ``Learner.update`` on the 16 rows that step produce
 ``--group-size G`` plays the episodes in groups of G of one game (as RL does; 1: 16
 games), so a group's prompts share the task and its first observations.
 
+The bf16 paths pay only on a CPU that multiplies bf16 natively (AVX512-BF16 or AMX;
+``benchmarks/bench_bf16_matmul.py`` says whether this one does): elsewhere they measure
+PyTorch's reference kernel, 8-9x slower than fp32.
+
 Each measurement is the median of ``--repeats`` after one warm-up call; rollout tokens/s
 count generated tokens (the ratios use all tokens, prompt + generated, a second: the
 paths sample responses of different lengths), update tokens/s all tokens of the rows.
