@@ -67,7 +67,7 @@ def test_config_errors_list_valid_keys(tmp_path):
     ("warmup.bc_steps=-3", "warmup.bc_steps >= 0"),
     ("name=../../escape", "name must be a plain folder name"),
     ("env.nll_span=tokens", "env.nll_span must be one of"),
-    ("learner.bf16=maybe", "learner.bf16 must be true or false"),
+    ("learner.bf16=maybe", "learner.bf16 must be true, false or 'auto', got 'maybe'"),
     ("keep_rollouts=episodes", "keep_rollouts must be true, false or 'tokens', got 'episodes'"),
     ("env.eval_episodes=0", "env.eval_episodes must be 'all' or >= 1"),
     ("iterations=0", "iterations must be >= 1"),
