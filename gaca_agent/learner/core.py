@@ -228,8 +228,10 @@ class Learner:
         totals = self._global_sum([sums.get(k, 0.0) for k in SUM_KEYS]
                                   + [gap] + [ratio[k] for k in extra])
         s = dict(zip(SUM_KEYS + ("gap",) + extra, totals))
-        return update_metrics(s, cfg, self.scheduler.get_last_lr()[0],
-                              self._global_max(float(ratio["ratio_max"])))
+        # the importance ratio's maximum over ranks: an all-reduce only where it is logged
+        ratio_max = (self._global_max(float(ratio["ratio_max"]))
+                     if cfg.old_logprobs == "recompute" else 0.0)
+        return update_metrics(s, cfg, self.scheduler.get_last_lr()[0], ratio_max)
 
     def _recompute_old(self, data, rows: np.ndarray):
         """Old (proximal) log-probs from a teacher-forced pass under the current parameters

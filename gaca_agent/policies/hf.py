@@ -12,7 +12,6 @@ an episode's responses do not depend on the other episodes in its batch (``hf`` 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Sequence
 
 from gaca_agent.generate.factory import InProcess
@@ -50,13 +49,10 @@ class HFPolicy:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if str(dtype) == "bfloat16" and torch.device(self.device).type == "cpu":
-            from gaca_agent.learner.precision import cpu_has_bf16
+        if str(dtype) == "bfloat16":  # slower than fp32 where it is not native
+            from gaca_agent.learner.precision import warn_if_slow
 
-            if not cpu_has_bf16():  # slower than fp32 there, not faster
-                warnings.warn("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: PyTorch "
-                              "multiplies bf16 on a reference kernel there, many times "
-                              "slower than float32; leave dtype out", stacklevel=2)
+            warn_if_slow(torch.device(self.device), "dtype=bfloat16", "leave dtype out")
         self.model.to(self.device)
         self.temperature, self.max_new_tokens = float(temperature), int(max_new_tokens)
         self.prompts = PromptBuilder(history_length, template_file)
