@@ -1,20 +1,15 @@
-"""An update with rows alike forwarded once, and with rows packed by their shared prompt
-prefixes, against one that forwards every row, on a real iteration's rows, side by side
-in one process.
+"""An update with rows alike forwarded once against one that forwards every row, on a
+real iteration's rows, side by side in one process.
 
 A run kept with ``keep_rollouts=tokens`` holds each step's prompt and answer token ids,
 sampled log-probs and advantage (``rollouts/iter-NNNNN.rank0.jsonl.gz``). This times
 ``Learner.update`` on the first ``--groups`` task groups of one iteration twice, from the
 same weights and with the run's learner settings: as the learner runs (rows of the same
 prompt and answer ids share one forward pass, :func:`gaca_agent.learner.batch.
-identical_rows`: ``shared``), with every row forwarded on its own (the learner before
-2026-12-07: ``each``), and with the rows alike forwarded once and a micro-batch's rows
-packed as prefix trees (``learner.pack_prefixes``, :mod:`gaca_agent.learner.packing`:
-``packed``). Each path's seconds, the tokens its forward passes computed (padding
-included) and its losses are printed.
+identical_rows`) and with every row forwarded on its own (the learner before 2026-12-07).
 
     python benchmarks/bench_shared_rows.py RUN --model RUN/warmup [--iteration 0]
-        [--groups 4] [--threads 2] [--paths each,shared,packed]
+        [--groups 4] [--threads 2]
 """
 
 from __future__ import annotations
@@ -53,7 +48,6 @@ def main(argv=None) -> int:
     parser.add_argument("--iteration", type=int, default=0)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--paths", default="each,shared,packed")
     args = parser.parse_args(argv)
     import dataclasses
 
@@ -76,32 +70,20 @@ def main(argv=None) -> int:
     report: dict = {"rows": len(prompts), "groups": args.groups,
                     "tokens": int(sum(len(p) + len(a) for p, a in zip(prompts, answers)))}
     shared = core.identical_rows
-    paths = args.paths.split(",")
-    for name in paths:
-        core.identical_rows = shared if name != "each" else (
+    for name in ("each", "shared"):
+        core.identical_rows = shared if name == "shared" else (
             lambda data, rows: {int(i): np.asarray([i]) for i in rows})
         torch.manual_seed(0)
-        learner = Learner(args.model, tokenizer, dataclasses.replace(
-            settings, pack_prefixes=name == "packed"), Accelerator(cpu=True))
-        computed = []
-        learner.unwrapped.register_forward_pre_hook(
-            lambda _, a, kw: computed.append(int(kw["input_ids"].numel())), with_kwargs=True)
-        if learner.ref_model is not None:
-            learner.ref_model.register_forward_pre_hook(
-                lambda _, a, kw: computed.append(int(kw["input_ids"].numel())),
-                with_kwargs=True)
+        learner = Learner(args.model, tokenizer, settings, Accelerator(cpu=True))
         start = time.perf_counter()
         metrics = learner.update(table, np.asarray(adv, dtype=np.float64))
         report[name] = {"seconds": round(time.perf_counter() - start, 1),
-                        "computed_tokens": sum(computed),
                         "shared_rows_frac": round(metrics["train/shared_rows_frac"], 3),
                         "policy_loss": metrics["losses/policy"], "kl": metrics["losses/kl"]}
         print(name, json.dumps(report[name]), flush=True)
         del learner
     core.identical_rows = shared
-    for name in paths[1:]:
-        report[f"{name}_vs_{paths[0]}"] = round(
-            report[paths[0]]["seconds"] / report[name]["seconds"], 2)
+    report["speedup"] = round(report["each"]["seconds"] / report["shared"]["seconds"], 2)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -77,12 +77,6 @@ class LearnerConfig:
     """Shard policy and reference with FSDP2 (``fully_shard`` per decoder layer and the
     root); needs a multi-process launch. Rollouts gather the full parameters first."""
     gradient_checkpointing: bool = False
-    pack_prefixes: bool = False
-    """Forward the rows of a micro-batch that share a prompt prefix as one sequence, the
-    prefix once (a tree under a 4D attention mask; :mod:`gaca_agent.learner.packing`):
-    the same log-probs and update, fewer tokens where a group's prompts share their start.
-    Needs ``sdpa`` or ``eager`` attention; micro-batches then hold rows of similar prompts
-    instead of similar lengths."""
 
     def __post_init__(self) -> None:
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean"):

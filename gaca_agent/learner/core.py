@@ -39,6 +39,7 @@ import contextlib
 import copy
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,16 +50,15 @@ from gaca_agent.learner.logprobs import forward_token_logprobs
 from gaca_agent.learner.batch import (PAD, identical_rows, micro_batches, pad_batch,
                                       rows_with_gradient, sampled_rows, split_even,
                                       with_advantages, with_kin)
-from gaca_agent.learner.checkpoint import Checkpoints, load_fp32
+from gaca_agent.learner.checkpoint import load_fp32, rng_state, set_rng_state
 from gaca_agent.learner.config import LearnerConfig
-from gaca_agent.learner.fsdp import clip_grad_norm, shard
+from gaca_agent.learner.fsdp import clip_grad_norm, full_state, shard
 from gaca_agent.learner.losses import aggregate, kl_penalty, ppo_clip_loss
 from gaca_agent.learner.metrics import SUM_KEYS, update_metrics
-from gaca_agent.learner.packing import check_attention, micro_inputs, prompt_order
 from gaca_agent.learner.precision import resolve_bf16
 from gaca_agent.learner.rollouts import RolloutCopy, rollout_context, wanted
 
-class Learner(Checkpoints):
+class Learner:
     """PPO-clip learner over a transformers causal LM, distributed with accelerate."""
 
     def __init__(self, model: Any, tokenizer: Any, config: LearnerConfig,
@@ -74,8 +74,6 @@ class Learner(Checkpoints):
             raise ValueError("learner.fsdp shards the model itself: launch with a plain "
                              "multi-process accelerate config, not accelerate's FSDP plugin")
         model = load_fp32(model)
-        if config.pack_prefixes:
-            check_attention(model)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -145,15 +143,9 @@ class Learner(Checkpoints):
     # ------------------------------------------------------------- forward passes
     def _logprobs(self, model, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         with self.autocast():
-            return forward_token_logprobs(
-                model, batch["input_ids"], batch["attention_mask"], batch["positions"],
-                batch["targets"], self.config.scoring_temperature, with_entropy,
-                batch.get("position_ids"), sequence_of=batch.get("sequence_of"))
-
-    def _inputs(self, data, chunk: np.ndarray) -> dict[str, torch.Tensor]:
-        """A micro-batch's tensors: padded rows, or prefix trees (``pack_prefixes``)."""
-        return micro_inputs(data, chunk, self.pad_id, self.accelerator.device,
-                            self.unwrapped if self.config.pack_prefixes else None)
+            return forward_token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                          batch["positions"], batch["targets"],
+                                          self.config.scoring_temperature, with_entropy)
 
     def score(self, prompt_ids, completion_ids, temperature: float | None = None) -> np.ndarray:
         """The current policy's log-probs of one completion at ``temperature`` (None: where
@@ -202,12 +194,10 @@ class Learner(Checkpoints):
         return acc.reduce(t, reduction="sum").tolist() if acc.num_processes > 1 else t.tolist()
 
     def _micro(self, data, rows: np.ndarray) -> list[np.ndarray]:
-        """Micro-batches of ``rows`` by length (by prompt when packed), padded to the
-        largest count of any rank."""
-        size, packed = self.config.micro_batch_size, self.config.pack_prefixes
-        rows, tokens = (prompt_order(data, rows), None) if packed else (
-            rows, data["prompt_ids"].lengths() + data["completion_ids"].lengths())
-        return micro_batches(rows, size, self._global_max(-(-len(rows) // size)), tokens)
+        """Micro-batches of ``rows`` by length, padded to the largest count of any rank."""
+        size, tokens = self.config.micro_batch_size, data["prompt_ids"].lengths()
+        return micro_batches(rows, size, self._global_max(-(-len(rows) // size)),
+                             tokens + data["completion_ids"].lengths())
 
     def _n_mini(self, n_rows: int) -> int:
         if self.config.mini_batch_rows is None:
@@ -259,7 +249,7 @@ class Learner(Checkpoints):
         self.model.eval()
         with torch.no_grad():
             for chunk in self._micro(data, np.fromiter(kin, dtype=np.int64)):
-                batch = self._inputs(data, chunk)
+                batch = pad_batch(data, chunk, self.pad_id, self.accelerator.device)
                 logp = self._logprobs(self.model, batch)[0].float().cpu().numpy()
                 for b, i in enumerate(chunk):
                     for j in (kin[i] if i != PAD else ()):
@@ -309,7 +299,7 @@ class Learner(Checkpoints):
                     sums: dict[str, float]) -> None:
         cfg = self.config
         device = self.accelerator.device
-        batch = self._inputs(data, chunk)
+        batch = pad_batch(data, chunk, self.pad_id, device)
         want_entropy = cfg.entropy_coef > 0 or cfg.log_entropy
         logp, ent = self._logprobs(self.model, batch, want_entropy)
         ref = self._ref_logprobs(batch) if cfg.kl_coef > 0 else None
@@ -336,3 +326,73 @@ class Learner(Checkpoints):
         self.accelerator.backward(loss)
         sums["policy"] = sums.get("policy", 0.0) + policy_part
         sums["clip"] = sums.get("clip", 0.0) + float(clip_frac) * n_tok
+
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) model state on every rank's CPU."""
+        if not self.sharded:
+            return {k: v.detach().cpu() for k, v in self.unwrapped.state_dict().items()}
+        return full_state(self.model)
+
+    def save_adapter(self, path: str | Path) -> None:
+        """The LoRA adapter alone (peft's files), as an inference server loads it."""
+        if self.config.lora_r <= 0:
+            raise ValueError("save_adapter needs a LoRA learner (lora_r > 0)")
+        weights = self.state_dict() if self.sharded else None
+        if self.accelerator.is_main_process:
+            self.unwrapped.save_pretrained(Path(path), state_dict=weights)
+        self.accelerator.wait_for_everyone()
+
+    def save_weights(self, path: str | Path, dtype: str = "float32") -> None:
+        """The full model as an inference server loads it from disk (config and
+        safetensors, in ``dtype``), for the full-weight sync."""
+        if self.config.lora_r > 0:
+            raise ValueError("save_weights is for full fine-tuning; save_adapter for LoRA")
+        state = self.state_dict()
+        if self.accelerator.is_main_process:
+            cast = getattr(torch, dtype)
+            state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+            self.unwrapped.save_pretrained(Path(path), state_dict=state)
+        self.accelerator.wait_for_everyone()
+
+    def full_weights(self, dtype: str = "float32") -> list[tuple[str, torch.Tensor]]:
+        """The full model's named tensors (CPU; floating ones in ``dtype``), as the
+        inference server loads them: the broadcast weight sync's payload."""
+        cast = getattr(torch, dtype)
+        return [(k, v.to(cast) if v.is_floating_point() else v)
+                for k, v in self.state_dict().items()]
+
+    def save(self, path: str | Path) -> None:
+        """Model (or adapter), tokenizer, optimizer, scheduler and RNG states. Under
+        ``fsdp`` each rank writes its optimizer shard."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        acc = self.accelerator
+        self.save_model(path / "model")
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "steps": self.steps, "rng": rng_state()}
+        if self.sharded:
+            torch.save(state, path / f"trainer_state.rank{acc.process_index}.pt")
+        elif acc.is_main_process:
+            torch.save(state, path / "trainer_state.pt")
+        acc.wait_for_everyone()
+
+    def save_model(self, path: str | Path) -> None:
+        """The policy as a transformers folder (with its tokenizer): ``model.path``,
+        ``gaca-eval --policy hf:PATH`` and ``gaca-serve`` read it; under LoRA, the adapter."""
+        weights = self.state_dict() if self.sharded else None
+        if self.accelerator.is_main_process:
+            self.unwrapped.save_pretrained(Path(path), state_dict=weights)
+            self.tokenizer.save_pretrained(Path(path))
+        self.accelerator.wait_for_everyone()
+
+    def load_state(self, path: str | Path) -> None:
+        """Restore optimizer, scheduler and RNG (the weights are loaded at construction)."""
+        name = (f"trainer_state.rank{self.accelerator.process_index}.pt" if self.sharded
+                else "trainer_state.pt")
+        state = torch.load(Path(path) / name, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]
+        set_rng_state(state["rng"])
+

@@ -100,20 +100,16 @@ def forward_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
                            positions: torch.Tensor, targets: torch.Tensor,
                            temperature: float = 1.0, with_entropy: bool = False,
                            position_ids: torch.Tensor | None = None,
-                           chunk_tokens: int | None = None,
-                           sequence_of: torch.Tensor | None = None
+                           chunk_tokens: int | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of ``targets`` from one forward pass of ``model``.
 
     Shapes: input_ids, attention_mask (B, L); positions, targets (B, T): position
     ``positions[b, j]`` of row b predicts ``targets[b, j]``. Returns (B, T) log-probs
-    (fp32) and, with ``with_entropy``, (B, T) entropies. Packed rows
-    (:mod:`gaca_agent.learner.packing`): the inputs are (S, L) sequences (a 4D
-    ``attention_mask``), and row b's positions index sequence ``sequence_of[b]``. The
-    model is called through its own forward (so DDP/FSDP hooks, autocast and gradient
-    checkpointing apply); its output layer is intercepted and computes
-    :func:`token_logprobs_from_hidden` on the gathered positions instead of logits over
-    the whole sequence.
+    (fp32) and, with ``with_entropy``, (B, T) entropies. The model is called through its
+    own forward (so DDP/FSDP hooks, autocast and gradient checkpointing apply); its output
+    layer is intercepted and computes :func:`token_logprobs_from_hidden` on the gathered
+    positions instead of logits over the whole sequence.
     """
     head = output_layer(model)
     stash: dict[str, torch.Tensor] = {}
@@ -125,11 +121,8 @@ def forward_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
 
     def post_hook(module, args, output):
         hidden = stash.pop("hidden")
-        if sequence_of is not None:
-            picked = hidden[sequence_of.unsqueeze(1), positions].reshape(B * T, -1)
-        else:
-            idx = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-            picked = hidden.gather(1, idx).reshape(B * T, -1)
+        idx = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        picked = hidden.gather(1, idx).reshape(B * T, -1)
         logp, ent = token_logprobs_from_hidden(
             picked, module.weight, targets.reshape(-1), temperature,
             getattr(module, "bias", None), with_entropy, chunk_tokens)
